@@ -1,0 +1,59 @@
+"""Learnable absolute position embedding (ViT/DeiT), one vector per grid cell.
+
+On a grid other than the training one the table is resized, bicubically for 2-D grids
+(linear for 1-D, trilinear for 3-D), as CAPE Section 5.1 and DeiT do. CLS tokens get
+no positional vector (the protocol keeps prefix tokens position-free).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .base import EncodingOptions, PositionEncoding, PositionLayout, Principle
+from .registry import register
+
+_MODES = {1: "linear", 2: "bicubic", 3: "trilinear"}
+
+
+class AbsPosOptions(EncodingOptions):
+    init_std: float = 0.02
+
+
+@register("abspos")
+class LearnableAbsolute(PositionEncoding):
+    principles = frozenset({Principle.FUSED_KERNEL})
+    requires_grid = True
+    pos_dims = frozenset(_MODES)
+    Options = AbsPosOptions
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        grid = self.geometry.grid_shape
+        self.table = nn.Parameter(torch.zeros(1, self.dim, *grid))
+        nn.init.trunc_normal_(self.table, std=self.options.init_std)
+
+    def resized_table(self, grid_shape: tuple[int, ...]) -> Tensor:
+        """(prod(grid_shape), D) table for the current grid, row-major."""
+        table = self.table
+        if tuple(grid_shape) != tuple(table.shape[2:]):
+            table = F.interpolate(table, size=tuple(grid_shape), mode=_MODES[len(grid_shape)], align_corners=False)
+        return table.flatten(2).squeeze(0).T
+
+    def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        grid = layout.grid_shape
+        if grid is None:
+            raise ValueError("abspos needs layout.grid_shape: the task must describe its token grid")
+        table = self.resized_table(grid)
+        # Grid coordinates are cell indices; they select rows of the table. Rounding
+        # tolerates float noise, clamping keeps interpolated layouts inside the table.
+        index = torch.zeros(layout.coords.shape[:2], dtype=torch.long, device=x.device)
+        for axis, size in enumerate(grid):
+            stride = math.prod(grid[axis + 1 :])
+            cell = layout.coords[..., axis].round().long().clamp(0, size - 1)
+            index = index + cell * stride
+        emb = table[index] * layout.has_pos.unsqueeze(-1).to(table.dtype)
+        return x + emb.to(x.dtype)

@@ -1,0 +1,219 @@
+"""The position-encoding protocol every backbone speaks.
+
+A backbone describes its tokens with a :class:`PositionLayout` (positions, which tokens
+have a position, which are padding, the grid if any) and its input space with a
+:class:`Geometry`. An encoding (:class:`PositionEncoding`) may act at three places:
+
+1. ``embed``            - add something to the input tokens (absolute encodings);
+2. ``transform_qk``     - transform queries and keys per layer, possibly widening them
+                          (RoPE family, PaPE's efficient form);
+3. ``bias``             - an additive (B, H, Nq, Nk) attention bias per layer
+                          (ALiBi, relpos, PaPE's reference form).
+
+Per-layer parameters live in :class:`LayerEncoding` modules built by
+``PositionEncoding.make_layer``. Encodings that return no bias never build an N x N tensor:
+the attention core then calls the fused SDPA kernel with at most a key-padding mask.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import Tensor, nn
+
+
+class Principle(str, Enum):
+    """The design principles of PaPE Section 3, plus kernel compatibility."""
+
+    TRANSLATION_INVARIANCE = "translation-invariance"
+    ROTATION_INVARIANCE = "rotation-invariance"
+    DISTANCE_DECAY = "distance-decay"
+    DIRECTIONALITY = "directionality"
+    CONTEXT_AWARENESS = "context-awareness"
+    FUSED_KERNEL = "fused-kernel"
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where the tokens of a task live.
+
+    pos_dim:           P, the number of position coordinates per token.
+    grid_shape:        the training grid of positioned tokens (row-major), or None when
+                       positions are irregular (points, events).
+    units:             what one unit of position means ("patch", "second", "token", "m").
+    num_prefix_tokens: tokens without position (CLS, registers) placed before the others.
+    """
+
+    pos_dim: int
+    grid_shape: tuple[int, ...] | None = None
+    units: str = "patch"
+    num_prefix_tokens: int = 0
+
+    @property
+    def is_grid(self) -> bool:
+        return self.grid_shape is not None
+
+
+@dataclass
+class PositionLayout:
+    """Positions of one token sequence, as the attention layers see them.
+
+    coords:     (B, N, P) float positions. Entries of tokens without position are ignored.
+    has_pos:    (B, N) bool, False for CLS/register tokens: they must stay position-free.
+    valid:      (B, N) bool key-padding mask, False for padding; None when nothing is padded.
+    grid_shape: the current grid of the positioned tokens (row-major after the prefix
+                tokens), or None for irregular positions.
+    """
+
+    coords: Tensor
+    has_pos: Tensor
+    valid: Tensor | None = None
+    grid_shape: tuple[int, ...] | None = None
+
+    @property
+    def pos_dim(self) -> int:
+        return self.coords.shape[-1]
+
+    @property
+    def positioned(self) -> Tensor:
+        """Tokens that carry a position and are not padding."""
+        return self.has_pos if self.valid is None else self.has_pos & self.valid
+
+    def with_coords(self, coords: Tensor) -> PositionLayout:
+        return replace(self, coords=coords)
+
+    @staticmethod
+    def grid(
+        batch: int,
+        grid_shape: tuple[int, ...],
+        num_prefix_tokens: int = 0,
+        device: torch.device | str | None = None,
+        scale: float = 1.0,
+    ) -> PositionLayout:
+        """Layout of prefix tokens followed by a row-major grid with unit spacing from 0."""
+        axes = [torch.arange(n, device=device, dtype=torch.float32) for n in grid_shape]
+        coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(grid_shape))
+        coords = coords * scale
+        prefix = torch.zeros(num_prefix_tokens, len(grid_shape), device=device)
+        coords = torch.cat([prefix, coords]).expand(batch, -1, -1)
+        has_pos = torch.ones(coords.shape[:2], dtype=torch.bool, device=device)
+        has_pos[:, :num_prefix_tokens] = False
+        return PositionLayout(coords=coords, has_pos=has_pos, grid_shape=tuple(grid_shape))
+
+
+@dataclass
+class AttentionInputs:
+    """Everything a per-layer encoding may use besides q and k."""
+
+    x_q: Tensor  # (B, Nq, D) normalised tokens that produced the queries
+    x_k: Tensor  # (B, Nk, D) normalised tokens that produced the keys
+    query: PositionLayout
+    key: PositionLayout
+    causal: bool = False
+
+
+class EncodingOptions(BaseModel):
+    """Base of every encoding's options: unknown keys are errors that name the key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LayerEncoding(nn.Module):
+    """Per-attention-layer part of an encoding. Default: does nothing."""
+
+    def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        """q: (B, H, Nq, E), k: (B, H, Nk, E) -> transformed (may widen E, equally for q and k)."""
+        return q, k
+
+    def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
+        """Additive bias (B or 1, H, Nq, Nk) on the *scaled* logits q.k / sqrt(E), as ALiBi and
+        relpos define it. Encodings whose bias lives inside S = q.k (PaPE Eq. 9) scale it."""
+        return None
+
+
+class PositionEncoding(nn.Module):
+    """Model-level part of an encoding, built once per model by the registry.
+
+    Subclasses set ``name``, ``principles`` and ``Options`` and override any of
+    ``prepare``, ``embed`` and ``make_layer``.
+    """
+
+    name: ClassVar[str] = ""
+    #: principles the encoding claims; the conformance suite measures every claim.
+    principles: ClassVar[frozenset[Principle]] = frozenset()
+    #: position dimensionalities supported; None = any P.
+    pos_dims: ClassVar[frozenset[int] | None] = None
+    #: True when the encoding is only defined on a regular grid (abspos, LookHere, WePE).
+    requires_grid: ClassVar[bool] = False
+    Options: ClassVar[type[EncodingOptions]] = EncodingOptions
+
+    def __init__(
+        self,
+        geometry: Geometry,
+        dim: int,
+        num_heads: int,
+        depth: int,
+        options: EncodingOptions | None = None,
+    ) -> None:
+        super().__init__()
+        reason = self.unsupported_reason(geometry)
+        if reason:
+            raise NotApplicableError(f"{self.name}: {reason}")
+        self.geometry = geometry
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.depth = depth
+        self.options = options if options is not None else self.Options()
+
+    @classmethod
+    def unsupported_reason(cls, geometry: Geometry) -> str | None:
+        """Why the encoding is not defined for ``geometry`` (None if it is)."""
+        if cls.pos_dims is not None and geometry.pos_dim not in cls.pos_dims:
+            dims = ", ".join(str(d) for d in sorted(cls.pos_dims))
+            return f"defined for {dims}-D positions only, got {geometry.pos_dim}-D"
+        if cls.requires_grid and not geometry.is_grid:
+            return "defined on regular grids only, the task's positions are irregular"
+        return None
+
+    def claimed_principles(self) -> frozenset[Principle]:
+        """Principles this configured instance claims (options may drop some)."""
+        return self.principles
+
+    def prepare(self, layout: PositionLayout) -> PositionLayout:
+        """Transform positions once per forward pass (e.g. CAPE's augmentation)."""
+        return layout
+
+    def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        """Input-embedding action; x: (B, N, D)."""
+        return x
+
+    def make_layer(self, layer_index: int) -> LayerEncoding | None:
+        """Per-layer module for attention layer ``layer_index`` (None = no per-layer action)."""
+        return None
+
+
+class NotApplicableError(ValueError):
+    """The encoding is not defined for the task's geometry (the table shows n/a)."""
+
+
+def masked_mean(coords: Tensor, mask: Tensor) -> Tensor:
+    """Mean over tokens where ``mask`` is True: (B, N, P), (B, N) -> (B, 1, P)."""
+    weights = mask.to(coords.dtype).unsqueeze(-1)
+    return (coords * weights).sum(1, keepdim=True) / weights.sum(1, keepdim=True).clamp_min(1.0)
+
+
+def sinusoid_features(coords: Tensor, frequencies: Tensor) -> Tensor:
+    """cos/sin of coords projected on frequency vectors: (..., P), (F, P) -> (..., 2F)."""
+    phase = coords @ frequencies.T
+    return torch.cat([torch.cos(phase), torch.sin(phase)], dim=-1)
+
+
+def geometric_frequencies(count: int, base: float = 10000.0) -> Tensor:
+    """Vaswani et al.'s frequencies base^(-k/count), k = 0..count-1."""
+    return torch.exp(-math.log(base) * torch.arange(count, dtype=torch.float32) / count)

@@ -1,0 +1,96 @@
+"""CAPE: continuous augmented positional embeddings (Likhomanenko et al., cape.txt).
+
+Sinusoidal features of positions that are, at training time only, mean-normalised,
+globally shifted, locally shifted and globally scaled (Section 4, Appendix A); at
+evaluation only mean-normalised. Features are added to the input tokens.
+
+Frequencies:
+* P = 1 (text, speech): ω_k = freq_scale * base^(-k/K'), K' = D/2 (Eq. 1; speech uses
+  freq_scale = 30 with positions in seconds);
+* P = 2 (images, on [-1, 1] coordinates): π ρ_k (cos k, sin k), ρ_k = 10^(k/K') (Eq. 3-4);
+* P >= 3: our generalisation: π ρ_k u_k with u_k unit directions spread over the sphere by a
+  golden-angle spiral, so that, as in 2D, no direction is preferred and every component
+  has its own direction.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from .base import EncodingOptions, PositionEncoding, PositionLayout, Principle, sinusoid_features
+from .registry import register
+from .transforms import cape_augment, grid_to_unit, mean_normalize
+
+
+class CAPEOptions(EncodingOptions):
+    max_global_shift: float = 0.5  # Δmax (cape.txt 5.1: 0.5 for images)
+    max_local_shift: float | None = None  # εmax; None: 1/N per grid axis (paper), 0 off-grid
+    max_scale: float = 1.4  # λmax
+    coordinates: Literal["unit-grid", "raw"] = "unit-grid"  # images: grid -> [-1, 1]
+    base: float = 10000.0  # 1-D frequency ladder
+    freq_scale: float = 1.0  # 1-D: ω_k multiplier (30 for speech in seconds)
+
+
+def spiral_directions(count: int, pos_dim: int) -> Tensor:
+    """Unit vectors for each frequency: (cos k, sin k) in 2D (CAPE Eq. 4), a spherical
+    Fibonacci spiral in 3D, Gaussian directions from a fixed seed above."""
+    k = torch.arange(count, dtype=torch.float64)
+    if pos_dim == 2:
+        return torch.stack([torch.cos(k), torch.sin(k)], dim=-1).float()
+    if pos_dim == 3:
+        z = 1 - 2 * (k + 0.5) / count
+        radius = torch.sqrt(1 - z**2)
+        theta = math.pi * (3 - math.sqrt(5)) * k
+        return torch.stack([radius * torch.cos(theta), radius * torch.sin(theta), z], dim=-1).float()
+    gen = torch.Generator().manual_seed(0)
+    dirs = torch.randn(count, pos_dim, generator=gen, dtype=torch.float64)
+    return (dirs / dirs.norm(dim=-1, keepdim=True)).float()
+
+
+@register("cape")
+class CAPE(PositionEncoding):
+    principles = frozenset({Principle.FUSED_KERNEL})
+    Options = CAPEOptions
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        half = self.dim // 2
+        p = self.geometry.pos_dim
+        if p == 1:
+            omega = self.options.freq_scale * torch.exp(-math.log(self.options.base) * torch.arange(half) / half)
+            freqs = omega.unsqueeze(-1)
+        else:
+            rho = 10 ** (torch.arange(1, half + 1, dtype=torch.float32) / half)
+            freqs = math.pi * rho.unsqueeze(-1) * spiral_directions(half, p)
+        self.register_buffer("frequencies", freqs.float(), persistent=False)
+        self.generator: torch.Generator | None = None  # tests may pin the augmentation RNG
+
+    def _local_shift(self, layout: PositionLayout) -> float | list[float]:
+        if self.options.max_local_shift is not None:
+            return self.options.max_local_shift
+        if layout.grid_shape is None:
+            return 0.0
+        return [1.0 / n for n in layout.grid_shape]
+
+    def prepare(self, layout: PositionLayout) -> PositionLayout:
+        if self.options.coordinates == "unit-grid" and layout.grid_shape is not None:
+            layout = grid_to_unit(layout)
+        layout = mean_normalize(layout)
+        if self.training:
+            layout = cape_augment(
+                layout,
+                self.options.max_global_shift,
+                self._local_shift(layout),
+                self.options.max_scale,
+                self.generator,
+            )
+        return layout
+
+    def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        emb = sinusoid_features(layout.coords.float(), self.frequencies)
+        emb = emb * layout.has_pos.unsqueeze(-1)
+        return torch.cat([x[..., : emb.shape[-1]] + emb.to(x.dtype), x[..., emb.shape[-1] :]], dim=-1)

@@ -1,0 +1,14 @@
+"""No position encoding: the transformer sees a bag of tokens (the control experiment)."""
+
+from __future__ import annotations
+
+from .base import PositionEncoding, Principle
+from .registry import register
+
+
+@register("nopos")
+class NoPosition(PositionEncoding):
+    # Attention without positions is trivially invariant to any transform of positions.
+    principles = frozenset(
+        {Principle.TRANSLATION_INVARIANCE, Principle.ROTATION_INVARIANCE, Principle.FUSED_KERNEL}
+    )

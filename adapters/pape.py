@@ -1,0 +1,185 @@
+"""PaPE: Parabolic Position Encoding (Øhrstrøm et al., pape.txt Section 4).
+
+Logits (Eq. 9):  S_ij = <a_i, Δr_ij^2> + <b_i, Δr_ij> + <q_i, k_j>,  Δr_ij = W_p (r_j - r_i)
+with a_i = -softplus(W_a x_i) (Eq. 7) and b_i = W_b x_i (Eq. 8), per layer and head.
+
+Two forms, selected by ``form``:
+
+* ``efficient`` (default): separate q/k features so the fused SDPA kernel computes Eq. 9
+  without any N x N tensor. We use a narrower factorisation than the paper's Eq. 13-14
+  (h + 2m + 1 instead of h + 3m + 2 channels) by merging the two terms that meet s_j:
+  -2<a_i * s_i, s_j> + <b_i, s_j> = <b_i - 2 a_i * s_i, s_j>, and the two "1" columns:
+      f_q = q_i ⊕ (<a_i, s_i^2> - <b_i, s_i>) ⊕ a_i ⊕ (b_i - 2 a_i ⊙ s_i)
+      f_k = k_j ⊕ 1 ⊕ s_j^2 ⊕ s_j,                      s = W_p r.
+  The widened head is zero-padded to a multiple of ``pad_to`` (fused kernels prefer it).
+  Positions are first expressed relative to the mean key position: translation
+  invariance makes this exact, and it keeps s small, so the cancellation in
+  s_i^2 + s_j^2 - 2 s_i s_j loses less precision in bf16.
+* ``explicit``: the bias of Eq. 9 built as a (B, H, Nq, Nk) tensor: the reference oracle
+  and the memory comparison.
+
+The ablations of Table 2 are options: ``quadratic``/``linear`` drop a term, ``context``
+False learns a and b per layer and head but shares them across tokens, ``softplus`` False
+removes a's activation, ``project`` False removes W_p (m = P). ``m`` is Table 3's m.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .base import (
+    AttentionInputs,
+    EncodingOptions,
+    LayerEncoding,
+    PositionEncoding,
+    Principle,
+    masked_mean,
+)
+from .registry import register
+
+
+class PaPEOptions(EncodingOptions):
+    m: int = 50
+    form: Literal["efficient", "explicit"] = "efficient"
+    quadratic: bool = True
+    linear: bool = True
+    context: bool = True
+    softplus: bool = True
+    project: bool = True
+    pad_to: int = 8
+
+
+class ParabolicLayer(LayerEncoding):
+    def __init__(self, dim: int, num_heads: int, pos_dim: int, options: PaPEOptions) -> None:
+        super().__init__()
+        self.options = options
+        self.num_heads = num_heads
+        self.m = options.m if options.project else pos_dim
+        if options.project:
+            bound = 1.0 / math.sqrt(pos_dim)  # nn.Linear's default init for W_p (fan_in = P)
+            self.w_p = nn.Parameter(torch.empty(num_heads, self.m, pos_dim).uniform_(-bound, bound))
+        else:
+            self.register_parameter("w_p", None)
+        n_coef = int(options.quadratic) + int(options.linear)
+        if options.context:
+            self.w_ab = nn.Linear(dim, n_coef * num_heads * self.m, bias=False)
+        else:
+            self.ab = nn.Parameter(torch.empty(n_coef, num_heads, self.m).uniform_(-1.0, 1.0))
+
+    def project(self, coords: Tensor) -> Tensor:
+        """(B, N, P) -> s = W_p r: (B, H, N, m)."""
+        if self.w_p is None:
+            return coords.unsqueeze(1).expand(-1, self.num_heads, -1, -1)
+        return torch.einsum("bnp,hmp->bhnm", coords, self.w_p)
+
+    def coefficients(self, x_q: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """a (Eq. 7) and b (Eq. 8) per query, (B, H, Nq, m) each (None when ablated)."""
+        b_, n, _ = x_q.shape
+        if self.options.context:
+            raw = self.w_ab(x_q).view(b_, n, -1, self.num_heads, self.m).permute(2, 0, 3, 1, 4)
+        else:
+            raw = self.ab[:, None, :, None, :].expand(-1, b_, -1, n, -1)
+        raw = list(raw.unbind(0))
+        a = b = None
+        if self.options.quadratic:
+            a_raw = raw.pop(0)
+            a = -F.softplus(a_raw) if self.options.softplus else a_raw
+        if self.options.linear:
+            b = raw.pop(0)
+        return a, b
+
+    def _frame(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        """Projected query and key positions in a shared frame centred on the keys."""
+        query, key = inputs.query, inputs.key
+        origin = masked_mean(key.coords.float(), key.positioned)
+        s_q = self.project(query.coords.float() - origin)
+        s_k = s_q if key is query else self.project(key.coords.float() - origin)
+        return s_q, s_k
+
+    def _coefficients_for_queries(self, inputs: AttentionInputs) -> tuple[Tensor | None, Tensor | None]:
+        a, b = self.coefficients(inputs.x_q)
+        q_mask = inputs.query.has_pos[:, None, :, None]
+        a = None if a is None else a * q_mask
+        b = None if b is None else b * q_mask
+        return a, b
+
+    def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        if self.options.form == "explicit":
+            return q, k
+        s_q, s_k = self._frame(inputs)
+        a, b = self._coefficients_for_queries(inputs)
+        zero = torch.zeros_like(s_q[..., :1])
+        offset_q = zero
+        q_parts, k_parts = [q], [k]
+        k_ones = torch.ones_like(s_k[..., :1])
+        linear_q = torch.zeros_like(s_q)
+        if a is not None:
+            offset_q = offset_q + (a * s_q.square()).sum(-1, keepdim=True)
+            linear_q = linear_q - 2 * a * s_q
+        if b is not None:
+            offset_q = offset_q - (b * s_q).sum(-1, keepdim=True)
+            linear_q = linear_q + b
+        q_parts.append(offset_q)
+        k_parts.append(k_ones)
+        if a is not None:
+            q_parts.append(a)
+            k_parts.append(s_k.square())
+        q_parts.append(linear_q)
+        k_parts.append(s_k)
+        q_ext = torch.cat([p.to(q.dtype) for p in q_parts], dim=-1)
+        # Keys without a position contribute nothing positional: zero their extra features.
+        k_mask = inputs.key.has_pos[:, None, :, None]
+        k_extra = torch.cat(k_parts[1:], dim=-1) * k_mask
+        k_ext = torch.cat([k, k_extra.to(k.dtype)], dim=-1)
+        pad = -q_ext.shape[-1] % self.options.pad_to
+        if pad:
+            q_ext = F.pad(q_ext, (0, pad))
+            k_ext = F.pad(k_ext, (0, pad))
+        return q_ext, k_ext
+
+    def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
+        if self.options.form != "explicit":
+            return None
+        s_q, s_k = self._frame(inputs)
+        a, b = self._coefficients_for_queries(inputs)
+        delta = s_k.unsqueeze(2) - s_q.unsqueeze(3)  # (B, H, Nq, Nk, m): Δr_ij = W_p (r_j - r_i)
+        out = torch.zeros(delta.shape[:-1], device=delta.device, dtype=delta.dtype)
+        if a is not None:
+            out = out + (a.unsqueeze(3) * delta.square()).sum(-1)
+        if b is not None:
+            out = out + (b.unsqueeze(3) * delta).sum(-1)
+        # Eq. 9's bias sits inside S, which Eq. 1 scales by 1/sqrt(h) with q.k.
+        return out * inputs.key.has_pos[:, None, None, :] / math.sqrt(q.shape[-1])
+
+
+@register("pape")
+class ParabolicEncoding(PositionEncoding):
+    principles = frozenset(
+        {
+            Principle.TRANSLATION_INVARIANCE,
+            Principle.DISTANCE_DECAY,
+            Principle.DIRECTIONALITY,
+            Principle.CONTEXT_AWARENESS,
+            Principle.FUSED_KERNEL,
+        }
+    )
+    Options = PaPEOptions
+
+    def claimed_principles(self) -> frozenset[Principle]:
+        claims = set(self.principles)
+        opts = self.options
+        dropped = {
+            Principle.FUSED_KERNEL: opts.form == "explicit",
+            Principle.DISTANCE_DECAY: not (opts.quadratic and opts.softplus),
+            Principle.DIRECTIONALITY: not opts.linear,
+            Principle.CONTEXT_AWARENESS: not opts.context,
+        }
+        return frozenset(p for p in claims if not dropped.get(p, False))
+
+    def make_layer(self, layer_index: int) -> LayerEncoding:
+        return ParabolicLayer(self.dim, self.num_heads, self.geometry.pos_dim, self.options)

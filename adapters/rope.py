@@ -1,0 +1,85 @@
+"""Axial RoPE (Su et al. 2024; Chu et al. 2024 / Heo et al. 2024 for nD).
+
+The head is split into P equal groups of rotation pairs, one group per coordinate; pair k
+of a group rotates by coord * base^(-k / pairs_per_axis). Tokens without position get the
+identity rotation. Scores then depend on positions only through r_j - r_i.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import (
+    AttentionInputs,
+    EncodingOptions,
+    LayerEncoding,
+    PositionEncoding,
+    PositionLayout,
+    Principle,
+    geometric_frequencies,
+)
+from .registry import register
+
+
+class RoPEOptions(EncodingOptions):
+    # 100 is rope-vit's choice for axial 2D RoPE on patch-unit positions; 10000 is the 1D LM default.
+    base: float = 100.0
+
+
+def rotate_pairs(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate consecutive pairs (t[2i], t[2i+1]) of the first 2*F channels by the angles.
+
+    t: (B, H, N, E); cos/sin: (B, 1, N, F) with 2F <= E. Remaining channels pass unchanged.
+    """
+    rotated = 2 * cos.shape[-1]
+    pairs = t[..., :rotated].unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+    return torch.cat([out.flatten(-2), t[..., rotated:]], dim=-1)
+
+
+def rotation_angles(layout: PositionLayout, frequencies: Tensor) -> Tensor:
+    """(B, N, P) positions x (P, F) per-axis frequencies -> (B, 1, N, P*F) angles, 0 if no position.
+
+    ``frequencies`` may also be (H, P, F) per head; the result is then (B, H, N, P*F).
+    """
+    coords = layout.coords.to(frequencies.dtype) * layout.has_pos.unsqueeze(-1)
+    if frequencies.ndim == 2:
+        return (coords.unsqueeze(-1) * frequencies).flatten(-2).unsqueeze(1)
+    return torch.einsum("bnp,hpf->bhnpf", coords, frequencies).flatten(-2)
+
+
+class RotaryLayer(LayerEncoding):
+    """Shared (parameter-free) rotation applied in every layer."""
+
+    def __init__(self, frequencies: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("frequencies", frequencies, persistent=False)
+
+    def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        q_angle = rotation_angles(inputs.query, self.frequencies)
+        k_angle = q_angle if inputs.key is inputs.query else rotation_angles(inputs.key, self.frequencies)
+        q = rotate_pairs(q, q_angle.cos().to(q.dtype), q_angle.sin().to(q.dtype))
+        k = rotate_pairs(k, k_angle.cos().to(k.dtype), k_angle.sin().to(k.dtype))
+        return q, k
+
+
+@register("rope")
+class AxialRoPE(PositionEncoding):
+    principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.FUSED_KERNEL})
+    Options = RoPEOptions
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        pairs_per_axis = self.head_dim // (2 * self.geometry.pos_dim)
+        if pairs_per_axis == 0:
+            raise ValueError(f"rope needs head_dim >= 2 * P, got {self.head_dim} for P={self.geometry.pos_dim}")
+        freqs = geometric_frequencies(pairs_per_axis, self.options.base)
+        # One row per axis; off-axis entries are zero, so pair groups are axis-aligned.
+        self._frequencies = freqs.expand(self.geometry.pos_dim, -1).clone()
+        self._layer = RotaryLayer(self._frequencies)
+
+    def make_layer(self, layer_index: int) -> LayerEncoding:
+        # The rotation has no parameters, so all layers share one module.
+        return self._layer

@@ -1,0 +1,90 @@
+"""Transformer building blocks shared by every backbone (pre-norm, drop path)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from pe_bench.adapters.base import PositionEncoding, PositionLayout
+
+from .attention import Attention
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop the whole residual branch per sample during training."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = torch.rand(x.shape[0], *([1] * (x.ndim - 1)), device=x.device) >= self.p
+        return x * keep.to(x.dtype) / (1.0 - self.p)
+
+
+class Mlp(nn.Sequential):
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
+        super().__init__(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
+
+
+class EncoderBlock(nn.Module):
+    """Pre-norm self-attention block: x + attn(norm(x)), x + mlp(norm(x))."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        encoding: PositionEncoding,
+        layer_index: int,
+        mlp_ratio: float = 4.0,
+        drop_path: float = 0.0,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, num_heads, encoding.make_layer(layer_index), dropout=dropout)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x), layout))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class TransformerEncoder(nn.Module):
+    """A stack of encoder blocks with one position encoding.
+
+    The encoding's ``prepare`` and ``embed`` run once at the input; its per-layer modules
+    live inside each block's attention.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        encoding: PositionEncoding,
+        mlp_ratio: float = 4.0,
+        drop_path: float = 0.0,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.encoding = encoding
+        rates = torch.linspace(0, drop_path, depth).tolist() if depth > 1 else [drop_path]
+        self.blocks = nn.ModuleList(
+            EncoderBlock(dim, num_heads, encoding, i, mlp_ratio, rates[i], dropout) for i in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        layout = self.encoding.prepare(layout)
+        x = self.encoding.embed(x, layout)
+        if layout.valid is not None:
+            # Padding tokens carry zeros so nothing in them can leak anywhere.
+            x = x * layout.valid.unsqueeze(-1).to(x.dtype)
+        for block in self.blocks:
+            x = block(x, layout)
+        return self.norm(x)
