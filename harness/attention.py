@@ -80,14 +80,10 @@ class Attention(nn.Module):
         b, n, _ = t.shape
         return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def forward(
-        self,
-        x: Tensor,
-        query: PositionLayout,
-        context: Tensor | None = None,
-        key: PositionLayout | None = None,
-        causal: bool = False,
-    ) -> Tensor:
+    def _project(
+        self, x: Tensor, query: PositionLayout, context: Tensor | None, key: PositionLayout | None, causal: bool
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, PositionLayout]:
+        """q, k (position-transformed), v, bias and the key layout."""
         if self.cross:
             if context is None or key is None:
                 raise ValueError("cross-attention needs context tokens and their key layout")
@@ -96,12 +92,22 @@ class Attention(nn.Module):
         else:
             context, key = x, query
             q, k, v = (self._heads(t) for t in self.qkv(x).chunk(3, dim=-1))
-
         bias = None
         if self.encoding is not None:
             inputs = AttentionInputs(x_q=x, x_k=context, query=query, key=key, causal=causal)
             q, k = self.encoding.transform_qk(q, k, inputs)
             bias = self.encoding.bias(q, k, inputs)
+        return q, k, v, bias, key
+
+    def forward(
+        self,
+        x: Tensor,
+        query: PositionLayout,
+        context: Tensor | None = None,
+        key: PositionLayout | None = None,
+        causal: bool = False,
+    ) -> Tensor:
+        q, k, v, bias, key = self._project(x, query, context, key, causal)
         mask, is_causal = attention_mask(bias, key, causal, q.shape[-2], q.dtype)
         out = F.scaled_dot_product_attention(
             q,
@@ -114,3 +120,27 @@ class Attention(nn.Module):
         )
         b, _, n, _ = out.shape
         return self.proj(out.transpose(1, 2).reshape(b, n, -1))
+
+    def logits(
+        self,
+        x: Tensor,
+        query: PositionLayout,
+        context: Tensor | None = None,
+        key: PositionLayout | None = None,
+        causal: bool = False,
+    ) -> Tensor:
+        """Pre-softmax logits (B, H, Nq, Nk), masked entries -inf: for analysis and tests.
+
+        This builds the N x N matrix explicitly; training never calls it.
+        """
+        q, k, _, bias, key = self._project(x, query, context, key, causal)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        mask, is_causal = attention_mask(bias, key, causal, q.shape[-2], scores.dtype)
+        if is_causal:
+            n_q, n_k = scores.shape[-2:]
+            mask = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril(n_k - n_q)
+        if mask is None:
+            return scores
+        if mask.dtype == torch.bool:
+            return scores.masked_fill(~mask, float("-inf"))
+        return scores + mask
