@@ -54,6 +54,28 @@ class PaPEOptions(EncodingOptions):
     pad_to: int = 8
 
 
+def key_centred_coords(inputs: AttentionInputs, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """Query and key positions (in ``dtype``) relative to the mean positioned key.
+
+    Translation invariance makes the shift exact, and it keeps the squared terms of the
+    efficient forms small. Returns the same tensor twice for self-attention.
+    """
+    query, key = inputs.query, inputs.key
+    origin = masked_mean(key.coords.to(dtype), key.positioned)
+    r_q = query.coords.to(dtype) - origin
+    r_k = r_q if key is query else key.coords.to(dtype) - origin
+    return r_q, r_k
+
+
+def pad_heads(q_ext: Tensor, k_ext: Tensor, multiple: int) -> tuple[Tensor, Tensor]:
+    """Zero-pad widened q/k heads to a multiple of ``multiple`` (fused kernels prefer it)."""
+    pad = -q_ext.shape[-1] % multiple
+    if pad:
+        q_ext = F.pad(q_ext, (0, pad))
+        k_ext = F.pad(k_ext, (0, pad))
+    return q_ext, k_ext
+
+
 class ParabolicLayer(LayerEncoding):
     def __init__(self, dim: int, num_heads: int, pos_dim: int, options: PaPEOptions) -> None:
         super().__init__()
@@ -95,10 +117,9 @@ class ParabolicLayer(LayerEncoding):
 
     def _frame(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         """Projected query and key positions in a shared frame centred on the keys."""
-        query, key = inputs.query, inputs.key
-        origin = masked_mean(key.coords.float(), key.positioned)
-        s_q = self.project(query.coords.float() - origin)
-        s_k = s_q if key is query else self.project(key.coords.float() - origin)
+        r_q, r_k = key_centred_coords(inputs)
+        s_q = self.project(r_q)
+        s_k = s_q if r_k is r_q else self.project(r_k)
         return s_q, s_k
 
     def _coefficients_for_queries(self, inputs: AttentionInputs) -> tuple[Tensor | None, Tensor | None]:
@@ -136,11 +157,7 @@ class ParabolicLayer(LayerEncoding):
         k_mask = inputs.key.has_pos[:, None, :, None]
         k_extra = torch.cat(k_parts[1:], dim=-1) * k_mask
         k_ext = torch.cat([k, k_extra.to(k.dtype)], dim=-1)
-        pad = -q_ext.shape[-1] % self.options.pad_to
-        if pad:
-            q_ext = F.pad(q_ext, (0, pad))
-            k_ext = F.pad(k_ext, (0, pad))
-        return q_ext, k_ext
+        return pad_heads(q_ext, k_ext, self.options.pad_to)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
         if self.options.form != "explicit":

@@ -1,0 +1,72 @@
+"""nD-ALiBi (Fuller et al. 2023's 2D-ALiBi, extended to any P as in pape.txt Section 5.1).
+
+Bias on the scaled logits:  bias_hij = -slope_h * ||r_j - r_i||_2,  fixed (no parameters).
+
+Head slopes are ALiBi's (Press et al. 2022, their reference ``get_slopes``): for a power of
+two H, slope_h = 2^(-8h/H), h = 1..H; otherwise, with n = 2^floor(log2 H), the n slopes
+of that formula followed by the slopes h = 1, 3, 5, ... of the 2n-head ladder, up to H.
+For H = 12 (ViT-B) that is 2^-1, ..., 2^-8, then 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5.
+
+Euclidean distance makes the bias translation and rotation invariant; positive slopes make
+it decay with distance. Rows and columns of tokens without a position (CLS) get zero bias.
+Padding keys are masked by the attention core; their coordinates are ignored here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .base import AttentionInputs, LayerEncoding, PositionEncoding, PositionLayout, Principle
+from .registry import register
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """Press et al.'s head slopes (see module doc), largest first: (H,)."""
+
+    def ladder(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
+    power = 2 ** math.floor(math.log2(num_heads))
+    slopes = ladder(power) + ladder(2 * power)[0::2][: num_heads - power]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def positioned_coords(layout: PositionLayout) -> Tensor:
+    """Coordinates (at least float32) with rows of position-free or padding tokens set to 0."""
+    coords = layout.coords.to(torch.promote_types(layout.coords.dtype, torch.float32))
+    return torch.where(layout.positioned.unsqueeze(-1), coords, 0.0)
+
+
+def pair_mask(inputs: AttentionInputs) -> Tensor:
+    """(B, 1, Nq, Nk) True where both query and key carry a position."""
+    return (inputs.query.has_pos[:, :, None] & inputs.key.has_pos[:, None, :]).unsqueeze(1)
+
+
+class ALiBiLayer(LayerEncoding):
+    def __init__(self, slopes: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("slopes", slopes, persistent=False)
+
+    def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        r_q = positioned_coords(inputs.query)
+        r_k = r_q if inputs.key is inputs.query else positioned_coords(inputs.key)
+        # Direct differences, not the |a|^2 + |b|^2 - 2ab expansion: exact translation invariance.
+        dist = torch.cdist(r_q, r_k, compute_mode="donot_use_mm_for_euclid_dist")  # (B, Nq, Nk)
+        bias = -self.slopes[None, :, None, None] * dist.unsqueeze(1)
+        return bias * pair_mask(inputs)
+
+
+@register("alibi")
+class NDALiBi(PositionEncoding):
+    principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.ROTATION_INVARIANCE, Principle.DISTANCE_DECAY})
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._layer = ALiBiLayer(alibi_slopes(self.num_heads))
+
+    def make_layer(self, layer_index: int) -> LayerEncoding:
+        # Fixed slopes and no parameters: every layer can share one module.
+        return self._layer

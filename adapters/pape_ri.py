@@ -1,0 +1,122 @@
+"""PaPE-RI: the rotation-invariant instantiation of PaPE (pape.txt Section 4, Appendix A.1).
+
+PaPE's Eq. 9 under the constraints b_i = 0, a_il = α_i < 0 for all l, W_p = w_p I_P:
+
+    S_ij = <q_i, k_j> + α_i w_p^2 ||r_j - r_i||^2,     α_i = -softplus(w_α · x_i),
+
+per layer and head: w_α is a D-vector (one Linear(D, H) per layer), w_p one scalar.
+The bias depends on r_j - r_i only through its norm, so it is translation and rotation
+invariant (Appendix A.1); α_i < 0 gives distance decay, α_i's dependence on x_i context
+awareness. Without b there is no directionality.
+
+Two forms, selected by ``form``:
+
+* ``efficient`` (default): with s = w_p r (P channels), the paper's Eq. 13-14 constrained
+  to PaPE-RI, where α_i is one scalar, so the m = P copies of α collapse:
+      f_q = q_i ⊕ α_i|s_i|^2 ⊕ α_i ⊕ (-2 α_i s_i)
+      f_k = k_j ⊕ 1         ⊕ |s_j|^2 ⊕ s_j
+  <f_q, f_k> = <q_i, k_j> + α_i (|s_i|^2 + |s_j|^2 - 2 s_i·s_j) = <q_i, k_j> + α_i |s_j - s_i|^2.
+  That is h + P + 2 channels instead of PaPE's h + 2m + 1 (no b terms, |s|^2 is one
+  channel because α is shared). The widened head is zero-padded to ``pad_to``. As in
+  pape.py, positions are first expressed relative to the mean key position, which is exact
+  (translation invariance) and keeps |s|^2 small for low-precision arithmetic.
+* ``explicit``: α_i w_p^2 ||r_j - r_i||^2 built directly as a (B, H, Nq, Nk) bias from the
+  pairwise distances (independently of the factorisation above): the test oracle.
+
+Initialisation (the paper gives none for w_p): w_p of head h is 2^(-4h/H), h = 1..H, so
+w_p^2 runs over ALiBi's head slopes 2^(-8h/H): every head decays from step 0 (a random w_p
+near zero would switch a head's decay off), and heads span local to global scales like
+nD-ALiBi, PaPE-RI's closest relative (Appendix D). w_α starts as nn.Linear's default, so
+α_i ≈ -softplus(0) = -log 2 at first.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle
+from .pape import key_centred_coords, pad_heads
+from .registry import register
+
+
+class PaPERIOptions(EncodingOptions):
+    form: Literal["efficient", "explicit"] = "efficient"
+    pad_to: int = 8
+
+
+class ParabolicRILayer(LayerEncoding):
+    def __init__(self, dim: int, num_heads: int, options: PaPERIOptions) -> None:
+        super().__init__()
+        self.options = options
+        self.num_heads = num_heads
+        self.w_alpha = nn.Linear(dim, num_heads, bias=False)
+        heads = torch.arange(1, num_heads + 1, dtype=torch.float32)
+        self.w_p = nn.Parameter(2.0 ** (-4.0 * heads / num_heads))
+
+    def alpha(self, inputs: AttentionInputs) -> Tensor:
+        """α_i = -softplus(w_α x_i), zero for queries without a position: (B, H, Nq, 1)."""
+        alpha = -F.softplus(self.w_alpha(inputs.x_q)).transpose(1, 2).unsqueeze(-1)
+        return alpha * inputs.query.has_pos[:, None, :, None]
+
+    def _positions(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        """Centred query/key positions, zeroed where a token has no position: (B, N, P) each.
+
+        Zeroing (rather than multiplying) keeps stray values of CLS/padding rows out entirely.
+        """
+        # At least float32 (squares of positions), float64 when the positions are.
+        r_q, r_k = key_centred_coords(inputs, torch.promote_types(inputs.query.coords.dtype, torch.float32))
+        q_pos = torch.where(inputs.query.has_pos.unsqueeze(-1), r_q, 0.0)
+        k_pos = q_pos if r_k is r_q else torch.where(inputs.key.has_pos.unsqueeze(-1), r_k, 0.0)
+        return q_pos, k_pos
+
+    def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        if self.options.form == "explicit":
+            return q, k
+        r_q, r_k = self._positions(inputs)
+        w_p = self.w_p[None, :, None, None]
+        s_q = w_p * r_q.unsqueeze(1)  # (B, H, Nq, P)
+        s_k = s_q if r_k is r_q else w_p * r_k.unsqueeze(1)
+        alpha = self.alpha(inputs)
+        q_extra = torch.cat([alpha * s_q.square().sum(-1, keepdim=True), alpha, -2 * alpha * s_q], dim=-1)
+        k_extra = torch.cat([torch.ones_like(s_k[..., :1]), s_k.square().sum(-1, keepdim=True), s_k], dim=-1)
+        # Keys without a position (CLS) contribute nothing positional.
+        k_extra = k_extra * inputs.key.has_pos[:, None, :, None]
+        q_ext = torch.cat([q, q_extra.to(q.dtype)], dim=-1)
+        k_ext = torch.cat([k, k_extra.to(k.dtype)], dim=-1)
+        return pad_heads(q_ext, k_ext, self.options.pad_to)
+
+    def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
+        if self.options.form != "explicit":
+            return None
+        r_q, r_k = self._positions(inputs)
+        dist2 = (r_k.unsqueeze(1) - r_q.unsqueeze(2)).square().sum(-1)  # (B, Nq, Nk)
+        out = self.alpha(inputs) * self.w_p.square()[None, :, None, None] * dist2.unsqueeze(1)
+        # Like PaPE's Eq. 9, the bias lives inside S, which attention scales by 1/sqrt(h).
+        return out * inputs.key.has_pos[:, None, None, :] / math.sqrt(q.shape[-1])
+
+
+@register("pape-ri")
+class ParabolicRIEncoding(PositionEncoding):
+    principles = frozenset(
+        {
+            Principle.TRANSLATION_INVARIANCE,
+            Principle.ROTATION_INVARIANCE,
+            Principle.DISTANCE_DECAY,
+            Principle.CONTEXT_AWARENESS,
+            Principle.FUSED_KERNEL,
+        }
+    )
+    Options = PaPERIOptions
+
+    def claimed_principles(self) -> frozenset[Principle]:
+        if self.options.form == "explicit":
+            return self.principles - {Principle.FUSED_KERNEL}
+        return self.principles
+
+    def make_layer(self, layer_index: int) -> LayerEncoding:
+        return ParabolicRILayer(self.dim, self.num_heads, self.options)

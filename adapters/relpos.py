@@ -1,0 +1,87 @@
+"""Learnable relative-position bias (Shaw et al. 2018 style; CAPE's *relpos* baseline, cape.txt 5.2).
+
+Per layer and head, one learnable scalar per clipped integer offset vector:
+
+    bias_hij = T_h[clip(round(r_j - r_i), -w, w)],    T_h has prod_p (2 w_p + 1) entries,
+
+added to the scaled logits. nD offsets index the table jointly (a (2w+1)^P table, not a sum
+of per-axis tables), so the bias can be any function of the clipped offset; P <= 3 keeps the
+table small. The *difference* r_j - r_i is rounded to the nearest integer (half to even),
+so non-integer positions fall into the nearest offset cell and the bias stays exactly
+translation invariant for any shift; positions are in the task's units (patches, frames,
+seconds, metres), one cell per unit. Offsets beyond the window share the edge cell, as
+Shaw et al.'s clipping.
+
+``window``: one int for every axis or one per axis. Default None: the training grid's
+extent n_p - 1 per axis (every offset seen in training has its own cell, as Swin's table),
+or 16 per axis for irregular positions. Table init: truncated normal, std 0.02 (Swin's).
+Rows and columns of tokens without a position (CLS) get zero bias.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .alibi import pair_mask, positioned_coords
+from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle
+from .registry import register
+
+IRREGULAR_WINDOW = 16
+
+
+class RelPosOptions(EncodingOptions):
+    window: int | tuple[int, ...] | None = None
+
+
+class RelPosLayer(LayerEncoding):
+    def __init__(self, num_heads: int, window: tuple[int, ...]) -> None:
+        super().__init__()
+        self.register_buffer("window", torch.tensor(window), persistent=False)
+        sizes = [2 * w + 1 for w in window]
+        # Row-major strides of the (2w_1+1) x ... x (2w_P+1) table.
+        strides = [1] * len(sizes)
+        for p in range(len(sizes) - 2, -1, -1):
+            strides[p] = strides[p + 1] * sizes[p + 1]
+        self.register_buffer("strides", torch.tensor(strides), persistent=False)
+        cells = strides[0] * sizes[0]
+        self.table = nn.Parameter(nn.init.trunc_normal_(torch.empty(num_heads, cells), std=0.02))
+
+    def cell_index(self, inputs: AttentionInputs) -> Tensor:
+        """(B, Nq, Nk) table cell of every clipped, rounded offset r_j - r_i."""
+        r_q = positioned_coords(inputs.query)
+        r_k = r_q if inputs.key is inputs.query else positioned_coords(inputs.key)
+        offset = torch.round(r_k.unsqueeze(1) - r_q.unsqueeze(2)).long()  # (B, Nq, Nk, P)
+        offset = torch.maximum(torch.minimum(offset, self.window), -self.window) + self.window
+        return (offset * self.strides).sum(-1)
+
+    def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        index = self.cell_index(inputs)
+        bias = self.table[:, index].movedim(0, 1)  # (B, H, Nq, Nk)
+        return bias * pair_mask(inputs)
+
+
+@register("relpos")
+class RelativePositionBias(PositionEncoding):
+    principles = frozenset({Principle.TRANSLATION_INVARIANCE})
+    pos_dims = frozenset({1, 2, 3})
+    Options = RelPosOptions
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.window = self._window()
+
+    def _window(self) -> tuple[int, ...]:
+        p = self.geometry.pos_dim
+        window = self.options.window
+        if window is None:
+            grid = self.geometry.grid_shape
+            window = tuple(max(n - 1, 0) for n in grid) if grid is not None else IRREGULAR_WINDOW
+        if isinstance(window, int):
+            window = (window,) * p
+        if len(window) != p or min(window) < 0:
+            raise ValueError(f"{self.name}: window must be one int >= 0 or {p} of them, got {window}")
+        return tuple(window)
+
+    def make_layer(self, layer_index: int) -> LayerEncoding:
+        return RelPosLayer(self.num_heads, self.window)

@@ -1,0 +1,113 @@
+"""RoPE-Mixed (Heo et al. 2024): pair f rotates by <θ_f, r>, θ_f in R^P learnable per layer/head."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from _encoding_checks import (
+    HEADS,
+    assert_all_parameters_learn,
+    assert_cls_position_free,
+    assert_padding_inert,
+    make_attention,
+    random_layout,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pe_bench.adapters import AttentionInputs, Geometry, Principle, build
+
+FAST = settings(max_examples=12, deadline=None)
+
+
+@FAST
+@given(pos_dim=st.integers(1, 3), seed=st.integers(0, 1000), scale=st.sampled_from([1.0, 10.0]))
+def test_logits_depend_on_relative_positions_only(pos_dim, seed, scale):
+    attn = make_attention("rope-mixed", pos_dim, seed=seed)
+    layout, x = random_layout(2, 16, pos_dim, prefix=1, scale=scale, seed=seed)
+    shift = 25.0 * torch.randn(2, 1, pos_dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    # All logits, the CLS's included: the CLS sits at the key centroid, which moves along.
+    torch.testing.assert_close(attn.logits(x, layout.with_coords(layout.coords + shift)), attn.logits(x, layout))
+
+
+def test_relative_only_in_cross_attention():
+    attn = make_attention("rope-mixed", 2, cross=True)
+    query, x = random_layout(2, 7, 2, prefix=1, seed=3)
+    key, context = random_layout(2, 19, 2, seed=4)
+    shift = torch.tensor([3.5, -11.0], dtype=torch.float64)
+    moved = attn.logits(x, query.with_coords(query.coords + shift), context, key.with_coords(key.coords + shift))
+    torch.testing.assert_close(moved, attn.logits(x, query, context, key))
+
+
+def test_rotation_uses_mixed_angles():
+    """Each pair is rotated by the angle <θ_f, r - mean(r)> summed over all axes (not per axis)."""
+    attn = make_attention("rope-mixed", 3)
+    freqs = attn.encoding.frequencies.detach()  # (H, P, F)
+    layout, _ = random_layout(1, 4, 3)
+    centred = layout.coords - layout.coords.mean(1, keepdim=True)  # the frame of the keys' centroid
+    z = torch.randn(1, HEADS, 4, attn.head_dim, dtype=torch.float64)
+    inputs = AttentionInputs(x_q=z[:, 0], x_k=z[:, 0], query=layout, key=layout)
+    rotated, _ = attn.encoding.transform_qk(z, z, inputs)
+    pairs = freqs.shape[-1]
+    for h in range(HEADS):
+        for n in range(4):
+            for f in range(pairs):
+                angle = float(centred[0, n] @ freqs[h, :, f])
+                c, s = math.cos(angle), math.sin(angle)
+                a, b = z[0, h, n, 2 * f], z[0, h, n, 2 * f + 1]
+                expected = torch.stack([c * a - s * b, s * a + c * b])
+                torch.testing.assert_close(rotated[0, h, n, 2 * f : 2 * f + 2], expected)
+    torch.testing.assert_close(rotated[..., 2 * pairs :], z[..., 2 * pairs :])  # unrotated rest
+
+
+def test_directional_not_rotation_invariant():
+    attn = make_attention("rope-mixed", 2)
+    layout, x = random_layout(2, 16, 2)
+    logits = attn.logits(x, layout)
+    # Mirroring r -> -r flips every offset; a direction-aware head notices.
+    assert not torch.allclose(attn.logits(x, layout.with_coords(-layout.coords)), logits, atol=1e-3)
+
+
+@pytest.mark.parametrize("pos_dim", [1, 2, 3])
+def test_initialisation(pos_dim):
+    """Magnitudes base^(-l/levels) per level; per head an orthonormal frame of P directions."""
+    head_dim = 24
+    enc = build("rope-mixed", Geometry(pos_dim=pos_dim), head_dim * HEADS, HEADS, depth=2)
+    layer0, layer1 = enc.make_layer(0), enc.make_layer(1)
+    freqs = layer0.frequencies.detach()  # (H, P, levels * P), direction-major
+    levels = head_dim // (2 * pos_dim)
+    assert freqs.shape == (HEADS, pos_dim, levels * pos_dim)
+    per_dir = freqs.unflatten(-1, (pos_dim, levels))  # (H, coord, direction, level)
+    ladder = 10.0 ** (-torch.arange(levels) / levels)
+    torch.testing.assert_close(per_dir.norm(dim=1), ladder.expand(HEADS, pos_dim, -1))
+    frames = per_dir[..., 0]  # level 0 has magnitude 1: the directions themselves
+    eye = torch.eye(pos_dim).expand(HEADS, -1, -1)
+    torch.testing.assert_close(frames.transpose(-1, -2) @ frames, eye)
+    torch.testing.assert_close(torch.linalg.det(frames), torch.ones(HEADS))
+    if pos_dim == 2:  # rope-vit: directions a and a + π/2
+        torch.testing.assert_close(frames[:, :, 1], torch.stack([-frames[:, 1, 0], frames[:, 0, 0]], dim=-1))
+    if pos_dim > 1:  # random per head and per layer
+        assert not torch.allclose(frames[0], frames[1])
+        assert not torch.allclose(layer1.frequencies, layer0.frequencies)
+    assert layer0.frequencies.requires_grad
+
+
+def test_padding_cls_and_gradients():
+    attn = make_attention("rope-mixed", 2)
+    layout, x = random_layout(2, 16, 2, prefix=2)
+    assert_padding_inert(attn, layout, x)
+    assert_cls_position_free(attn, layout, x, prefix=2)
+    assert_all_parameters_learn(attn, layout, x)
+
+
+def test_principles_and_head_dim_check():
+    enc = build("rope-mixed", Geometry(pos_dim=2), 32, 4, 1)
+    assert enc.claimed_principles() == {
+        Principle.TRANSLATION_INVARIANCE,
+        Principle.DIRECTIONALITY,
+        Principle.FUSED_KERNEL,
+    }
+    with pytest.raises(ValueError, match="head_dim"):
+        build("rope-mixed", Geometry(pos_dim=3), 16, 4, 1)
