@@ -1,0 +1,164 @@
+"""CoPE: Contextual Position Encoding (Golovneva et al., 2024), as sape2.txt Section 2 and
+Appendix D (``SaPE_unit``) state it, the 1D relative encoding that SaPE² builds on.
+
+Per layer and head, with q, k the heads' queries and keys and d the head width:
+
+    g_ij = sigmoid(q_i . k_j / sqrt(d))                         gate (Eq. 7)
+    p_ij = sum over t with  j <= t  (and t <= i when causal)  of g_it   position (Eq. 8)
+    e[p] = (p - floor p) e[ceil p] + (1 - p + floor p) e[floor p]        interpolation
+    r_ij = q_i . e[p_ij],   logits = (q_i . k_j + r_ij) / sqrt(d)        (Eq. 3)
+
+Decisions, each from sape2.txt:
+
+* The gate scales q . k by 1/sqrt(d): Appendix D computes ``(q * scale) @ k^T``, the ViT
+  attention scale; Eq. 7 omits it, but unscaled sigmoids saturate at ViT head widths.
+* The bias r enters inside the 1/sqrt(d) of Eq. 3 (sape2's RPE form), which fixes the
+  scale Appendix D leaves open ("adding the output to the attention computation").
+* Order: CoPE counts along a token order. Causal (language) use sums from j up to the
+  query, exactly Eq. 8. Non-causal use, sape2.txt's "CoPE applied directly to images"
+  (Section 5.2, Table 1), is Appendix D's code without a causal mask: the sum runs from j
+  to the end of the sequence. ``t <= i`` in the causal case is token order, the same
+  order the attention core's causal mask uses, so no gate ever sees a future token.
+* The order itself comes from the coordinates, never from token indices: 1-D positions in
+  increasing order, grids in raster (row-major, lexicographic) order, which is how SaPE²
+  and the paper flatten an image. Permuting tokens together with their coordinates
+  therefore permutes the output, and ties (equal coordinates) count together. Irregular
+  positions in 2 or more dimensions have no canonical order, so CoPE is n/a there.
+* e has ``npos_max`` rows, shared by the heads of a layer (Appendix D's ``pos_emb``), and
+  positions beyond npos_max - 1 are clamped, as Appendix D does; the default npos_max is
+  the training token count + 1, the largest p the training grid can produce, so longer
+  sequences (extrapolation) saturate instead of failing.
+
+CLS and padding never count (their gates are zero) and get no bias, so CLS stays position
+free and padding changes nothing for real tokens. Coordinates enter only through their
+order, so a global translation of the positions leaves every logit unchanged; the bias is
+content-dependent (context awareness). Directionality and distance decay are learned, not
+built in, so they are not claimed; the N x N bias rules out the fused kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from .abspos import AbsPosOptions, LearnableAbsolute
+from .base import AttentionInputs, EncodingOptions, Geometry, LayerEncoding, PositionEncoding, Principle
+from .registry import register
+
+
+class CoPEOptions(EncodingOptions):
+    #: number of integer positions with an embedding; None: training token count + 1.
+    npos_max: int | None = Field(None, ge=2)
+    #: also add a learnable absolute embedding (sape2.txt Table 1's "CoPE + APE").
+    abspos: bool = False
+    init_std: float = 0.02
+
+
+def lexicographic_less(a: Tensor, b: Tensor) -> Tensor:
+    """(B, Na, P), (B, Nb, P) -> (B, Na, Nb): a_i before b_j in lexicographic order."""
+    a, b = a.unsqueeze(2), b.unsqueeze(1)
+    less = a[..., -1] < b[..., -1]
+    for axis in range(a.shape[-1] - 2, -1, -1):
+        less = (a[..., axis] < b[..., axis]) | ((a[..., axis] == b[..., axis]) & less)
+    return less
+
+
+def suffix_counts(gates: Tensor, rank: Tensor) -> Tensor:
+    """p[..., i, m] = sum_j gates[..., i, j] * [rank_j >= rank_m].
+
+    gates: (B, H, Nq, Nk); rank: (B, Nk) integer ranks in [0, Nk). Gates are summed into one
+    bin per rank and the bins are summed from the end, O(N^2) instead of a (Nk x Nk) matmul.
+    """
+    index = rank[:, None, None, :].expand_as(gates)
+    bins = torch.zeros_like(gates).scatter_add_(-1, index, gates)
+    tail = bins.flip(-1).cumsum(-1).flip(-1)
+    return tail.gather(-1, index)
+
+
+def interpolated_logits(probe: Tensor, table: Tensor, positions: Tensor) -> Tensor:
+    """probe . e[p] with e linearly interpolated between integer positions (sape2 Eq. 13-14).
+
+    probe: (B, H, N, d); table: (d, M); positions: (B, H, N, K) -> (B, H, N, K).
+    The M dot products with integer embeddings are formed once and then interpolated,
+    instead of interpolating d-wide embeddings for every pair.
+    """
+    at_integers = probe @ table.to(probe.dtype)  # (B, H, N, M)
+    positions = positions.clamp(0, table.shape[-1] - 1)
+    floor = positions.floor()
+    low = at_integers.gather(-1, floor.long())
+    high = at_integers.gather(-1, positions.ceil().long())
+    weight = (positions - floor).to(probe.dtype)
+    return high * weight + low * (1 - weight)
+
+
+def causal_keep(n_q: int, n_k: int, device: torch.device) -> Tensor:
+    """(Nq, Nk) True where key j is not after query i, aligned as the attention core does."""
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
+
+
+class CoPELayer(LayerEncoding):
+    def __init__(self, head_dim: int, npos_max: int, init_std: float) -> None:
+        super().__init__()
+        self.pos_emb = nn.Parameter(torch.zeros(head_dim, npos_max))
+        nn.init.trunc_normal_(self.pos_emb, std=init_std)
+
+    def positions(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        """p_ij of Eq. 8 (with the non-causal extension), (B, H, Nq, Nk)."""
+        key = inputs.key
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        gates = torch.sigmoid((q @ k.transpose(-1, -2)) * scale)
+        counted = key.positioned  # CLS and padding are never counted
+        keep = counted[:, None, None, :]
+        if inputs.causal:
+            keep = keep & causal_keep(q.shape[-2], k.shape[-2], q.device)
+        gates = gates * keep.to(gates.dtype)
+        ck = key.coords.float()
+        before = lexicographic_less(ck, ck) & counted[:, :, None]
+        rank = before.sum(1)  # rank_m = number of counted keys strictly before m
+        return suffix_counts(gates, rank)
+
+    def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        p = self.positions(q, k, inputs)
+        r = interpolated_logits(q, self.pos_emb, p)
+        pair = inputs.query.has_pos[:, None, :, None] & inputs.key.has_pos[:, None, None, :]
+        return r * pair.to(r.dtype) / math.sqrt(q.shape[-1])
+
+
+@register("cope")
+class ContextualPosition(PositionEncoding):
+    principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.CONTEXT_AWARENESS})
+    Options = CoPEOptions
+
+    @classmethod
+    def unsupported_reason(cls, geometry: Geometry) -> str | None:
+        if geometry.pos_dim > 1 and not geometry.is_grid:
+            return "counts along a token order: defined for 1-D positions and raster-ordered grids only"
+        return super().unsupported_reason(geometry)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.abspos = None
+        if self.options.abspos:
+            self.abspos = LearnableAbsolute(self.geometry, self.dim, self.num_heads, self.depth, AbsPosOptions())
+
+    @property
+    def npos_max(self) -> int:
+        if self.options.npos_max is not None:
+            return self.options.npos_max
+        grid = self.geometry.grid_shape
+        # Without a grid there is no training length to read; 64 is a common CoPE setting.
+        return math.prod(grid) + 1 if grid else 64
+
+    def claimed_principles(self) -> frozenset[Principle]:
+        if self.abspos is not None:
+            return frozenset({Principle.CONTEXT_AWARENESS})
+        return self.principles
+
+    def embed(self, x: Tensor, layout) -> Tensor:
+        return x if self.abspos is None else self.abspos.embed(x, layout)
+
+    def make_layer(self, layer_index: int) -> LayerEncoding:
+        return CoPELayer(self.head_dim, self.npos_max, self.options.init_std)

@@ -1,0 +1,187 @@
+"""SaPE²: 2D Semantic-aware Position Encoding (Chen et al., sape2.txt Section 3, Appendix D).
+
+CoPE (adapters/cope.py) run along each image axis, then compared across the image. For
+the x axis (rows share y), with d the head width and the probe v_i = q_i (``mode="q"``,
+SaPE²(Q)) or k_i (``mode="k"``, SaPE²(K), the paper's best, Table 2):
+
+    g_ij = sigmoid(q_i . k_j / sqrt(d))              for j in i's row         (Eq. 9)
+    p_i(c) = sum of g_ij over j in i's row with x_j >= c,   c = 1..W          (Eq. 10)
+    z_i(c) = v_i . e^x[p_i(c)],  e^x linearly interpolated (Eq. 11-14)
+    SaPE_x[i] = (z_i(1), ..., z_i(W))                                         (Eq. 12)
+    b^x_in = || SaPE_x[i] - SaPE_x[n] ||_2             for any two patches    (Eq. 15)
+
+the same along y with columns, and logits (q_i . k_n + b^x_in + b^y_in) / sqrt(d) (Eq. 16).
+
+Decisions:
+
+* As in CoPE, gates use the attention scale (Appendix D's ``q * scale``) and the bias sits
+  inside Eq. 16's 1/sqrt(d). Eq. 16 adds the distance as written (no sign flip): the
+  learned embeddings decide what a large semantic distance means.
+* p_i(c) is evaluated at every column c of the grid, not only where a token sits: a row
+  with masked or missing cells still yields a W-vector, and the vectors of two patches
+  in different rows stay aligned column by column, as Eq. 15 needs.
+* Rows, columns and the index c come from the coordinates (rounded cell indices relative
+  to the smallest positioned coordinate), never from token order: a global translation
+  of the grid changes nothing, and permuting tokens with their coordinates permutes the
+  output. W and H are the layout's current grid, so a larger grid gives longer vectors
+  and positions beyond ``npos_max - 1`` clamp as in Appendix D (extrapolation).
+* npos_max defaults to max(grid) + 1: p ranges over 0..W on the training grid.
+* Eq. 15 compares the SaPE vectors of two tokens of one set, each computed with that
+  token's own query, so SaPE² is a self-attention encoding: query and key layouts may be
+  different objects but must describe the same tokens; other pairs raise
+  NotApplicableError (cross-attention n/a). In causal use gates never see a
+  token after the query (token order, as the attention core's mask).
+* ``abspos`` adds the learnable absolute embedding of adapters/abspos.py (the paper's
+  best model, "SaPE² + APE", Table 1).
+
+CLS and padding never count in the gates and get no bias. The bias depends on the
+positions only through equal rows/columns and column/row offsets from the grid's origin,
+so it is invariant to global translations; it is content-dependent (context awareness).
+It is symmetric in (i, n) and vanishes for constant content, so neither directionality
+nor distance decay is guaranteed or claimed; the N x N bias rules out the fused kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from .abspos import AbsPosOptions, LearnableAbsolute
+from .base import (
+    AttentionInputs,
+    EncodingOptions,
+    LayerEncoding,
+    NotApplicableError,
+    PositionEncoding,
+    PositionLayout,
+    Principle,
+)
+from .cope import causal_keep, interpolated_logits
+from .registry import register
+
+
+class SaPE2Options(EncodingOptions):
+    mode: Literal["k", "q"] = "k"
+    abspos: bool = False
+    #: number of integer positions with an embedding per axis; None: max(grid) + 1.
+    npos_max: int | None = Field(None, ge=2)
+    init_std: float = 0.02
+
+
+def cell_indices(layout: PositionLayout) -> tuple[Tensor, tuple[int, int]]:
+    """(B, N, 2) integer (row, col) relative to the smallest positioned cell, and (H, W)."""
+    coords = layout.coords.float()
+    big = torch.finfo(coords.dtype).max
+    origin = coords.masked_fill(~layout.positioned.unsqueeze(-1), big).amin(1, keepdim=True)
+    origin = torch.where(origin == big, torch.zeros_like(origin), origin)  # nothing positioned
+    cells = (coords - origin).round().long()
+    if layout.grid_shape is not None:
+        shape = tuple(int(n) for n in layout.grid_shape)
+    else:
+        span = cells.masked_fill(~layout.positioned.unsqueeze(-1), 0).amax(dim=(0, 1)) + 1
+        shape = tuple(int(n) for n in span.tolist())
+    limit = torch.tensor(shape, device=cells.device) - 1
+    return cells.clamp(min=torch.zeros_like(limit), max=limit), shape
+
+
+class SaPE2Layer(LayerEncoding):
+    def __init__(self, head_dim: int, npos_max: int, options: SaPE2Options) -> None:
+        super().__init__()
+        self.mode = options.mode
+        # One embedding table per axis (Appendix D's sape_x and sape_y), shared by heads.
+        self.emb_x = nn.Parameter(torch.zeros(head_dim, npos_max))
+        self.emb_y = nn.Parameter(torch.zeros(head_dim, npos_max))
+        nn.init.trunc_normal_(self.emb_x, std=options.init_std)
+        nn.init.trunc_normal_(self.emb_y, std=options.init_std)
+
+    @staticmethod
+    def _check_self_attention(inputs: AttentionInputs) -> None:
+        query, key = inputs.query, inputs.key
+        if key is query:
+            return
+        same = (
+            query.coords.shape == key.coords.shape
+            and torch.equal(query.coords, key.coords)
+            and torch.equal(query.has_pos, key.has_pos)
+        )
+        if not same:
+            raise NotApplicableError(
+                "sape2 compares SaPE vectors of two tokens of one set (Eq. 15), each built from its own "
+                "query: it needs self-attention, but the query and key layouts describe different tokens"
+            )
+
+    def axis_vectors(
+        self, gates: Tensor, probe: Tensor, same_line: Tensor, along: Tensor, length: int, table: Tensor
+    ) -> Tensor:
+        """SaPE vectors along one axis (Eq. 10-14): (B, H, N, length).
+
+        gates: (B, H, N, N) with uncounted keys zeroed; same_line: (B, N, N) keys in the
+        query's row (for x); along: (B, N) each key's index c along the axis.
+        """
+        in_line = gates * same_line[:, None].to(gates.dtype)
+        index = along[:, None, None, :].expand_as(in_line)
+        per_cell = torch.zeros(*in_line.shape[:-1], length, dtype=in_line.dtype, device=in_line.device)
+        per_cell = per_cell.scatter_add_(-1, index, in_line)
+        positions = per_cell.flip(-1).cumsum(-1).flip(-1)  # p_i(c) = sum over x_j >= c
+        return interpolated_logits(probe, table, positions)
+
+    def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        self._check_self_attention(inputs)
+        layout = inputs.query
+        cells, (height, width) = cell_indices(layout)
+        rows, cols = cells[..., 0], cells[..., 1]
+
+        gates = torch.sigmoid((q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1]))
+        keep = layout.positioned[:, None, None, :]
+        if inputs.causal:
+            keep = keep & causal_keep(q.shape[-2], k.shape[-2], q.device)
+        gates = gates * keep.to(gates.dtype)
+
+        probe = k if self.mode == "k" else q
+        same_row = rows.unsqueeze(2) == rows.unsqueeze(1)
+        same_col = cols.unsqueeze(2) == cols.unsqueeze(1)
+        vec_x = self.axis_vectors(gates, probe, same_row, cols, width, self.emb_x)
+        vec_y = self.axis_vectors(gates, probe, same_col, rows, height, self.emb_y)
+
+        # Tokens without a position get zero vectors here and zero bias below.
+        has_pos = layout.has_pos[:, None, :, None].to(vec_x.dtype)
+        dist_x = torch.cdist(vec_x * has_pos, vec_x * has_pos, compute_mode="donot_use_mm_for_euclid_dist")
+        dist_y = torch.cdist(vec_y * has_pos, vec_y * has_pos, compute_mode="donot_use_mm_for_euclid_dist")
+        pair = layout.has_pos[:, None, :, None] & layout.has_pos[:, None, None, :]
+        return (dist_x + dist_y) * pair.to(dist_x.dtype) / math.sqrt(q.shape[-1])
+
+
+@register("sape2")
+class SaPE2(PositionEncoding):
+    principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.CONTEXT_AWARENESS})
+    requires_grid = True
+    pos_dims = frozenset({2})
+    Options = SaPE2Options
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.abspos = None
+        if self.options.abspos:
+            self.abspos = LearnableAbsolute(self.geometry, self.dim, self.num_heads, self.depth, AbsPosOptions())
+
+    @property
+    def npos_max(self) -> int:
+        if self.options.npos_max is not None:
+            return self.options.npos_max
+        return max(self.geometry.grid_shape) + 1
+
+    def claimed_principles(self) -> frozenset[Principle]:
+        if self.abspos is not None:
+            # An absolute table breaks translation invariance.
+            return frozenset({Principle.CONTEXT_AWARENESS})
+        return self.principles
+
+    def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        return x if self.abspos is None else self.abspos.embed(x, layout)
+
+    def make_layer(self, layer_index: int) -> LayerEncoding:
+        return SaPE2Layer(self.head_dim, self.npos_max, self.options)

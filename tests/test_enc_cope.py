@@ -1,0 +1,158 @@
+"""CoPE: Eq. 7-8 gates and counts, interpolation, order from coordinates, CLS, padding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pe_bench.adapters import AttentionInputs, Geometry, NotApplicableError, PositionLayout, Principle, build
+from pe_bench.adapters.abspos import LearnableAbsolute
+from pe_bench.harness.attention import Attention
+from pe_bench.harness.blocks import TransformerEncoder
+
+DIM, HEADS = 32, 4
+
+
+def line(n: int, coords=None) -> PositionLayout:
+    c = torch.arange(n, dtype=torch.float32) if coords is None else torch.as_tensor(coords, dtype=torch.float32)
+    return PositionLayout(coords=c.view(1, n, 1), has_pos=torch.ones(1, n, dtype=torch.bool), grid_shape=(n,))
+
+
+def cope_layer(npos_max: int = 4, head_dim: int = 2):
+    enc = build("cope", Geometry(pos_dim=1, grid_shape=(3,)), head_dim, 1, 1, {"npos_max": npos_max})
+    return enc.make_layer(0)
+
+
+def run_bias(layer, q, k, layout, causal=False):
+    x = torch.zeros(1, q.shape[2], 1)
+    return layer.bias(q, k, AttentionInputs(x_q=x, x_k=x, query=layout, key=layout, causal=causal))
+
+
+def test_hand_computed_three_tokens() -> None:
+    """k = 0: every gate is sigmoid(0) = 1/2. With e[m] = (m^2, 0) and q_i = (a_i, 0) the bias
+    is a_i * interp(m^2)(p_ij) / sqrt(2) (Eq. 3)."""
+    layer = cope_layer()
+    with torch.no_grad():
+        layer.pos_emb.zero_()
+        layer.pos_emb[0] = torch.tensor([0.0, 1.0, 4.0, 9.0])
+    a = torch.tensor([1.0, 2.0, -0.5])
+    q = torch.stack([a, torch.zeros(3)], -1).view(1, 1, 3, 2)
+    k = torch.zeros(1, 1, 3, 2)
+    # Non-causal: p_ij = sum_{t >= j} 1/2 = (1.5, 1.0, 0.5) for every i; e = (2.5, 1.0, 0.5)
+    # (interpolated: e[1.5] = (1 + 4) / 2, e[0.5] = (0 + 1) / 2).
+    expected = a[:, None] * torch.tensor([2.5, 1.0, 0.5]) / math.sqrt(2)
+    torch.testing.assert_close(run_bias(layer, q, k, line(3))[0, 0], expected)
+    # Causal (Eq. 8): p_ij = sum_{t=j}^{i} 1/2 = (i - j + 1) / 2 for j <= i.
+    p = torch.tensor([[0.5, 0.0, 0.0], [1.0, 0.5, 0.0], [1.5, 1.0, 0.5]])
+    e = {0.0: 0.0, 0.5: 0.5, 1.0: 1.0, 1.5: 2.5}
+    expected = a[:, None] * p.apply_(lambda v: e[v]) / math.sqrt(2)
+    got = run_bias(layer, q, k, line(3), causal=True)[0, 0]
+    keep = torch.ones(3, 3).tril().bool()
+    torch.testing.assert_close(got[keep], expected[keep])
+
+
+def naive_bias(q, k, coords, table, causal):
+    """Eq. 7-8 and interpolation by explicit loops, order from (lexicographic) coordinates."""
+    _, h, n, d = q.shape
+    out = torch.zeros(h, n, n, dtype=torch.float64)
+    keys = [tuple(c) for c in coords.tolist()]
+    for head in range(h):
+        for i in range(n):
+            for j in range(n):
+                p = 0.0
+                for t in range(n):
+                    if keys[t] >= keys[j] and (not causal or t <= i):
+                        p += torch.sigmoid(q[0, head, i] @ k[0, head, t] / math.sqrt(d)).item()
+                p = min(p, table.shape[1] - 1)
+                lo, hi = math.floor(p), math.ceil(p)
+                e = table[:, hi] * (p - lo) + table[:, lo] * (1 - p + lo)
+                out[head, i, j] = (q[0, head, i] @ e).item() / math.sqrt(d)
+    return out
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), causal=st.booleans(), two_d=st.booleans())
+def test_matches_loop_reference(seed: int, causal: bool, two_d: bool) -> None:
+    g = torch.Generator().manual_seed(seed)
+    n, d = 6, 4
+    if two_d:  # a 2 x 3 grid, tokens shuffled: raster order must come from the coordinates
+        grid = torch.stack(torch.meshgrid(torch.arange(2.0), torch.arange(3.0), indexing="ij"), -1).view(6, 2)
+        coords = grid[torch.randperm(n, generator=g)]
+    else:  # irregular, unsorted 1-D positions
+        coords = (torch.rand(n, generator=g) * 10).view(n, 1)
+    layout = PositionLayout(coords=coords[None], has_pos=torch.ones(1, n, dtype=torch.bool))
+    layer = cope_layer(npos_max=5, head_dim=d)
+    q = torch.randn(1, 2, n, d, generator=g) * 2
+    k = torch.randn(1, 2, n, d, generator=g) * 2
+    got = run_bias(layer, q, k, layout, causal)[0]
+    expected = naive_bias(q.double(), k.double(), coords, layer.pos_emb.detach().double(), causal)
+    if causal:
+        keep = torch.ones(n, n).tril().bool()
+        got, expected = got[:, keep], expected[:, keep]
+    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-4)
+
+
+def make(grid=(4, 4), **options):
+    return build("cope", Geometry(pos_dim=2, grid_shape=grid, num_prefix_tokens=1), DIM, HEADS, 2, options)
+
+
+def test_cls_position_free_and_translation_invariance() -> None:
+    torch.manual_seed(0)
+    enc = make()
+    attn = Attention(DIM, HEADS, enc.make_layer(0))
+    layout = PositionLayout.grid(1, (4, 4), num_prefix_tokens=1)
+    x = torch.randn(1, 17, DIM)
+    plain = Attention(DIM, HEADS)
+    plain.load_state_dict(attn.state_dict(), strict=False)
+    with_pe, without = attn.logits(x, layout), plain.logits(x, layout)
+    torch.testing.assert_close(with_pe[:, :, 0], without[:, :, 0])  # CLS row
+    torch.testing.assert_close(with_pe[:, :, :, 0], without[:, :, :, 0])  # CLS column
+    shifted = layout.with_coords(layout.coords + torch.tensor([2.0, 7.0]))
+    torch.testing.assert_close(attn.logits(x, shifted), with_pe)
+    assert enc.claimed_principles() == {Principle.TRANSLATION_INVARIANCE, Principle.CONTEXT_AWARENESS}
+
+
+def test_padding_gradients_and_larger_grid() -> None:
+    torch.manual_seed(0)
+    enc = make()
+    model = TransformerEncoder(DIM, 2, HEADS, enc)
+    layout = PositionLayout.grid(2, (4, 4), num_prefix_tokens=1)
+    x = torch.randn(2, 17, DIM)
+    out = model(x, layout)
+    pad = 4
+    padded = PositionLayout(
+        coords=torch.cat([layout.coords, torch.zeros(2, pad, 2)], 1),  # padding at (0, 0): a tie
+        has_pos=torch.cat([layout.has_pos, torch.ones(2, pad, dtype=torch.bool)], 1),
+        valid=torch.cat([torch.ones(2, 17, dtype=torch.bool), torch.zeros(2, pad, dtype=torch.bool)], 1),
+        grid_shape=(4, 4),
+    )
+    out_padded = model(torch.cat([x, torch.randn(2, pad, DIM)], 1), padded)
+    torch.testing.assert_close(out_padded[:, :17], out, atol=1e-5, rtol=1e-5)
+
+    out.square().sum().backward()
+    for name, p in enc.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    for block in model.blocks:
+        assert block.attn.encoding.pos_emb.grad.abs().sum() > 0
+
+    big = model(torch.randn(2, 1 + 8 * 9, DIM), PositionLayout.grid(2, (8, 9), num_prefix_tokens=1))
+    assert torch.isfinite(big).all()  # 72 > npos_max - 1 = 16: positions clamp
+
+
+def test_abspos_variant_reuses_abspos() -> None:
+    enc = make(abspos=True)
+    assert isinstance(enc.abspos, LearnableAbsolute)
+    assert enc.claimed_principles() == {Principle.CONTEXT_AWARENESS}
+    layout = PositionLayout.grid(1, (4, 4), num_prefix_tokens=1)
+    x = torch.zeros(1, 17, DIM)
+    torch.testing.assert_close(enc.embed(x, layout), enc.abspos.embed(x, layout))
+
+
+def test_geometries() -> None:
+    build("cope", Geometry(pos_dim=1), DIM, HEADS, 1)  # irregular 1-D: ordered by coordinate
+    with pytest.raises(NotApplicableError):
+        build("cope", Geometry(pos_dim=3), DIM, HEADS, 1)  # point clouds: no token order
