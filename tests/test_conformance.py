@@ -1,0 +1,188 @@
+"""Conformance of every registered encoding (built-in or plug-in), and proof that the suite
+catches broken encodings. Definitions and thresholds: pe_bench.harness.conformance."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from pe_bench.adapters import (
+    AttentionInputs,
+    LayerEncoding,
+    PositionEncoding,
+    PositionLayout,
+    Principle,
+    available,
+)
+from pe_bench.harness.conformance import PROBES, Report, measure, principles_table
+
+NAMES = available()
+
+
+def _skip_if_not_applicable(report: Report) -> None:
+    if not report.applicable:
+        pytest.skip(f"{report.encoding} supports none of the probe geometries: {report.not_applicable}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_claimed_principles_are_measured(name: str) -> None:
+    report = measure(name)
+    _skip_if_not_applicable(report)
+    assert not report.principle_failures(), report.format()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_protocol_checks_pass(name: str) -> None:
+    report = measure(name)
+    _skip_if_not_applicable(report)
+    assert report.checks, "no protocol check ran"
+    assert not report.check_failures(), report.format()
+
+
+def test_principles_table_covers_the_registry() -> None:
+    table = principles_table()
+    assert list(table.index) == NAMES
+    assert list(table.columns) == [p.value for p in Principle]
+    allowed = {"✓", "✗", "n/a", "claimed ✓ (n/a)"} | {
+        f"claimed {a} (measured {b})" for a, b in (("✓", "✗"), ("✗", "✓"))
+    }
+    assert set(table.to_numpy().ravel()) <= allowed
+
+
+def test_report_is_readable() -> None:
+    text = measure("pape").format()
+    assert "pape" in text
+    for principle in Principle:
+        assert principle.value in text
+    for probe in PROBES:
+        assert probe.key in text
+
+
+@pytest.mark.parametrize(
+    ("options", "removed"),
+    [
+        ({"context": False}, Principle.CONTEXT_AWARENESS),
+        ({"linear": False}, Principle.DIRECTIONALITY),
+        ({"quadratic": False}, Principle.DISTANCE_DECAY),
+        ({"form": "explicit"}, Principle.FUSED_KERNEL),
+    ],
+)
+def test_measurements_separate_pape_ablations(options: dict, removed: Principle) -> None:
+    """Each PaPE ablation removes exactly the principle it instantiates, as measured."""
+    full, ablated = measure("pape"), measure("pape", options)
+    assert full.principles[removed].measured is True
+    assert ablated.principles[removed].measured is False
+    assert not ablated.principles[removed].declared
+    assert ablated.passed, ablated.format()
+
+
+# --------------------------------------------------------------------------- broken encodings
+# Defined here, never registered: measure() accepts the class itself.
+
+
+class AbsoluteInDisguise(PositionEncoding):
+    """Claims translation invariance but adds sinusoids of absolute positions; also owns a
+    parameter that nothing uses (so no gradient reaches it)."""
+
+    name = "broken-absolute"
+    principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.FUSED_KERNEL})
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.unused = nn.Parameter(torch.ones(3))
+
+    def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        freqs = torch.arange(1, x.shape[-1] + 1, dtype=x.dtype) / x.shape[-1]
+        phase = layout.coords.sum(-1, keepdim=True) * freqs
+        return x + torch.sin(phase) * layout.has_pos.unsqueeze(-1)
+
+
+class PaddingLeak(PositionEncoding):
+    """Centres positions on the mean of *all* tokens, padding included."""
+
+    name = "broken-padding"
+
+    def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        centre = layout.coords.mean(1, keepdim=True)  # should be masked_mean(coords, layout.positioned)
+        freqs = torch.arange(1, x.shape[-1] + 1, dtype=x.dtype) / x.shape[-1]
+        phase = (layout.coords - centre).sum(-1, keepdim=True) * freqs
+        return x + torch.sin(phase) * layout.has_pos.unsqueeze(-1)
+
+
+class DistanceBias(LayerEncoding):
+    def __init__(self, respect_prefix: bool) -> None:
+        super().__init__()
+        self.respect_prefix = respect_prefix
+
+    def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        dist = torch.cdist(inputs.query.coords.float(), inputs.key.coords.float())
+        if self.respect_prefix:
+            dist = dist * inputs.query.has_pos.unsqueeze(-1) * inputs.key.has_pos.unsqueeze(-2)
+        return -dist.unsqueeze(1)
+
+
+class ClsAtOrigin(PositionEncoding):
+    """A correct relative distance bias between patches, but the CLS token's (ignored)
+    coordinates take part: it silently sits at position 0."""
+
+    name = "broken-cls"
+    principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.DISTANCE_DECAY})
+
+    def make_layer(self, layer_index: int) -> LayerEncoding:
+        return DistanceBias(respect_prefix=False)
+
+
+class FalseClaims(PositionEncoding):
+    """A content-independent bias that claims context awareness and the fused kernel."""
+
+    name = "broken-claims"
+    principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.CONTEXT_AWARENESS, Principle.FUSED_KERNEL})
+
+    def make_layer(self, layer_index: int) -> LayerEncoding:
+        return DistanceBias(respect_prefix=True)
+
+
+def _failed_checks(report: Report) -> set[str]:
+    return {c.name for c in report.checks if not c.passed}
+
+
+def test_suite_catches_absolute_positions_claiming_translation_invariance() -> None:
+    report = measure(AbsoluteInDisguise)
+    result = report.principles[Principle.TRANSLATION_INVARIANCE]
+    assert result.declared and result.measured is False and result.statistic > 1e-2
+    assert any("translation-invariance" in f for f in report.failures())
+    assert "gradients" in _failed_checks(report)
+    assert "unused: no gradient" in report.format()
+
+
+def test_suite_catches_padding_leak() -> None:
+    report = measure(PaddingLeak)
+    assert not report.passed
+    assert "padding" in _failed_checks(report)
+    failing = {c.geometry for c in report.checks if c.name == "padding" and not c.passed}
+    assert failing == {probe.key for probe in PROBES}
+
+
+def test_suite_catches_cls_with_a_position() -> None:
+    report = measure(ClsAtOrigin)
+    # Between patches the bias is relative and decays: those claims hold ...
+    assert report.principles[Principle.TRANSLATION_INVARIANCE].measured is True
+    assert report.principles[Principle.DISTANCE_DECAY].measured is True
+    # ... but the CLS token is not position-free.
+    cls = [c for c in report.checks if c.name == "cls"]
+    assert len(cls) == 1 and not cls[0].passed
+    assert "(a)" in cls[0].message and "(c)" in cls[0].message
+
+
+def test_suite_catches_false_context_and_fused_claims() -> None:
+    report = measure(FalseClaims)
+    context = report.principles[Principle.CONTEXT_AWARENESS]
+    fused = report.principles[Principle.FUSED_KERNEL]
+    assert context.declared and context.measured is False and context.statistic < 1e-4
+    assert fused.declared and fused.measured is False
+    assert not report.check_failures(), report.format()  # the protocol itself is respected
+    assert len(report.principle_failures()) == 2
+    assert math.isfinite(report.principles[Principle.TRANSLATION_INVARIANCE].statistic)
