@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle
-from .rope_mixed import key_centred_layouts, mixed_angles
+from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle, key_centred_layouts
+from .rope_mixed import mixed_angles
 
 
 class STRINGOptions(EncodingOptions):

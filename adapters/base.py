@@ -208,6 +208,28 @@ def masked_mean(coords: Tensor, mask: Tensor) -> Tensor:
     return (coords * weights).sum(1, keepdim=True) / weights.sum(1, keepdim=True).clamp_min(1.0)
 
 
+def key_centred_coords(inputs: AttentionInputs, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """Query and key positions (in ``dtype``) relative to the mean positioned key.
+
+    Translation invariance makes the shift exact, and it keeps the squared terms of the
+    efficient forms small. Returns the same tensor twice for self-attention.
+    """
+    query, key = inputs.query, inputs.key
+    origin = masked_mean(key.coords.to(dtype), key.positioned)
+    r_q = query.coords.to(dtype) - origin
+    r_k = r_q if key is query else key.coords.to(dtype) - origin
+    return r_q, r_k
+
+
+def key_centred_layouts(inputs: AttentionInputs, dtype: torch.dtype) -> tuple[PositionLayout, PositionLayout]:
+    """Query and key layouts with positions relative to the mean positioned key (see module doc)."""
+    dtype = torch.promote_types(inputs.query.coords.dtype, dtype)
+    r_q, r_k = key_centred_coords(inputs, dtype)
+    query = inputs.query.with_coords(r_q)
+    key = query if inputs.key is inputs.query else inputs.key.with_coords(r_k)
+    return query, key
+
+
 def sinusoid_features(coords: Tensor, frequencies: Tensor) -> Tensor:
     """cos/sin of coords projected on frequency vectors: (..., P), (F, P) -> (..., 2F)."""
     phase = coords @ frequencies.T

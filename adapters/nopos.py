@@ -9,6 +9,4 @@ from .registry import register
 @register("nopos")
 class NoPosition(PositionEncoding):
     # Attention without positions is trivially invariant to any transform of positions.
-    principles = frozenset(
-        {Principle.TRANSLATION_INVARIANCE, Principle.ROTATION_INVARIANCE, Principle.FUSED_KERNEL}
-    )
+    principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.ROTATION_INVARIANCE, Principle.FUSED_KERNEL})

@@ -38,7 +38,7 @@ from .base import (
     LayerEncoding,
     PositionEncoding,
     Principle,
-    masked_mean,
+    key_centred_coords,
 )
 from .registry import register
 
@@ -52,19 +52,6 @@ class PaPEOptions(EncodingOptions):
     softplus: bool = True
     project: bool = True
     pad_to: int = 8
-
-
-def key_centred_coords(inputs: AttentionInputs, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-    """Query and key positions (in ``dtype``) relative to the mean positioned key.
-
-    Translation invariance makes the shift exact, and it keeps the squared terms of the
-    efficient forms small. Returns the same tensor twice for self-attention.
-    """
-    query, key = inputs.query, inputs.key
-    origin = masked_mean(key.coords.to(dtype), key.positioned)
-    r_q = query.coords.to(dtype) - origin
-    r_k = r_q if key is query else key.coords.to(dtype) - origin
-    return r_q, r_k
 
 
 def pad_heads(q_ext: Tensor, k_ext: Tensor, multiple: int) -> tuple[Tensor, Tensor]:

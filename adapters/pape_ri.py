@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle
-from .pape import key_centred_coords, pad_heads
+from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle, key_centred_coords
+from .pape import pad_heads
 from .registry import register
 
 

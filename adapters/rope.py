@@ -2,7 +2,8 @@
 
 The head is split into P equal groups of rotation pairs, one group per coordinate; pair k
 of a group rotates by coord * base^(-k / pairs_per_axis). Tokens without position get the
-identity rotation. Scores then depend on positions only through r_j - r_i.
+identity rotation at the centroid of the keys (see ``RotaryLayer``). Scores between
+positioned tokens depend on positions only through r_j - r_i.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .base import (
     PositionLayout,
     Principle,
     geometric_frequencies,
+    key_centred_layouts,
 )
 from .registry import register
 
@@ -58,8 +60,12 @@ class RotaryLayer(LayerEncoding):
         self.register_buffer("frequencies", frequencies, persistent=False)
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
-        q_angle = rotation_angles(inputs.query, self.frequencies)
-        k_angle = q_angle if inputs.key is inputs.query else rotation_angles(inputs.key, self.frequencies)
+        # Rotating positions measured from the mean key keeps patch-patch scores unchanged
+        # (only r_j - r_i matters) and makes the unrotated CLS sit at the centre of the
+        # tokens rather than at the absolute origin, so shifting every patch changes nothing.
+        query, key = key_centred_layouts(inputs, self.frequencies.dtype)
+        q_angle = rotation_angles(query, self.frequencies)
+        k_angle = q_angle if key is query else rotation_angles(key, self.frequencies)
         q = rotate_pairs(q, q_angle.cos().to(q.dtype), q_angle.sin().to(q.dtype))
         k = rotate_pairs(k, k_angle.cos().to(k.dtype), k_angle.sin().to(k.dtype))
         return q, k

@@ -29,8 +29,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, PositionLayout, Principle
-from .pape import key_centred_coords
+from .base import (
+    AttentionInputs,
+    EncodingOptions,
+    LayerEncoding,
+    PositionEncoding,
+    PositionLayout,
+    Principle,
+    key_centred_layouts,
+)
 from .registry import register
 from .rope import rotate_pairs, rotation_angles
 
@@ -69,15 +76,6 @@ def mixed_angles(layout: PositionLayout, frequencies: Tensor) -> Tensor:
     pos_dim, pairs = frequencies.shape[-2:]
     # rope.py's helper gives the per-axis terms θ_{p,f} r_p; a mixed pair adds them up.
     return rotation_angles(layout, frequencies).unflatten(-1, (pos_dim, pairs)).sum(-2)
-
-
-def key_centred_layouts(inputs: AttentionInputs, dtype: torch.dtype) -> tuple[PositionLayout, PositionLayout]:
-    """Query and key layouts with positions relative to the mean positioned key (see module doc)."""
-    dtype = torch.promote_types(inputs.query.coords.dtype, dtype)
-    r_q, r_k = key_centred_coords(inputs, dtype)
-    query = inputs.query.with_coords(r_q)
-    key = query if inputs.key is inputs.query else inputs.key.with_coords(r_k)
-    return query, key
 
 
 def rotate_qk(q: Tensor, k: Tensor, inputs: AttentionInputs, frequencies: Tensor) -> tuple[Tensor, Tensor]:

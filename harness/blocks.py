@@ -84,7 +84,8 @@ class TransformerEncoder(nn.Module):
         x = self.encoding.embed(x, layout)
         if layout.valid is not None:
             # Padding tokens carry zeros so nothing in them can leak anywhere.
-            x = x * layout.valid.unsqueeze(-1).to(x.dtype)
+            # (torch.where, not a product, so that even NaN in padding is cleared.)
+            x = torch.where(layout.valid.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device))
         for block in self.blocks:
             x = block(x, layout)
         return self.norm(x)
