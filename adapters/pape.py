@@ -80,11 +80,15 @@ class ParabolicLayer(LayerEncoding):
         else:
             self.ab = nn.Parameter(torch.empty(n_coef, num_heads, self.m).uniform_(-1.0, 1.0))
 
+    def frame_dtype(self, inputs: AttentionInputs) -> torch.dtype:
+        """At least float32 (bf16 would ruin the s_i^2 + s_j^2 - 2 s_i s_j cancellation), float64 if asked."""
+        return torch.promote_types(torch.promote_types(inputs.query.coords.dtype, torch.float32), inputs.x_q.dtype)
+
     def project(self, coords: Tensor) -> Tensor:
         """(B, N, P) -> s = W_p r: (B, H, N, m)."""
         if self.w_p is None:
             return coords.unsqueeze(1).expand(-1, self.num_heads, -1, -1)
-        return torch.einsum("bnp,hmp->bhnm", coords, self.w_p)
+        return torch.einsum("bnp,hmp->bhnm", coords, self.w_p.to(coords.dtype))
 
     def coefficients(self, x_q: Tensor) -> tuple[Tensor | None, Tensor | None]:
         """a (Eq. 7) and b (Eq. 8) per query, (B, H, Nq, m) each (None when ablated)."""
@@ -104,7 +108,7 @@ class ParabolicLayer(LayerEncoding):
 
     def _frame(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         """Projected query and key positions in a shared frame centred on the keys."""
-        r_q, r_k = key_centred_coords(inputs)
+        r_q, r_k = key_centred_coords(inputs, self.frame_dtype(inputs))
         s_q = self.project(r_q)
         s_k = s_q if r_k is r_q else self.project(r_k)
         return s_q, s_k

@@ -1,0 +1,31 @@
+# Two commands: `make run` (set up + main job on the tiny profile) and `make test`.
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup run test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	# torch + torchvision first, pinned to the builds this machine's pip serves from local
+	# files; pe-bench itself only declares lower bounds.
+	$(BIN)/pip install torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/pe-bench run --tasks all --methods pape,rope,cape
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+bench: $(STAMP)
+	$(BIN)/pe-bench bench --model tiny
+
+clean:
+	rm -rf $(VENV) build *.egg-info

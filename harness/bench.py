@@ -1,0 +1,155 @@
+"""``pe-bench bench``: forward time, peak memory and positional parameters per encoding
+(PaPE Table 4's columns), each relative to ``nopos`` measured in the same run.
+
+Timing interleaves the methods within every repeat (so drift of a noisy machine hits all
+of them alike) and reports the median. Peak memory on CPU is the growth of the process's
+peak resident set during one forward, measured in a fresh subprocess per point (torch has
+no CPU allocator statistics); on CUDA it is ``max_memory_allocated``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from pe_bench.adapters import Geometry, PositionLayout
+from pe_bench.adapters import build as build_encoding
+from pe_bench.harness.attention import Attention
+from pe_bench.harness.config import ModelConfig
+from pe_bench.tasks.vit import ViT
+
+MODELS: dict[str, tuple[ModelConfig, int]] = {
+    # name: (config, image size)
+    "vit-b": (ModelConfig(dim=768, depth=12, num_heads=12, patch_size=16), 224),
+    "vit-s": (ModelConfig(dim=384, depth=12, num_heads=6, patch_size=16), 224),
+    "tiny": (ModelConfig(dim=64, depth=4, num_heads=4, mlp_ratio=2.0, patch_size=4), 32),
+}
+
+
+@dataclass
+class BenchSpec:
+    model: str = "tiny"
+    methods: tuple[str, ...] = ("nopos", "sincos", "abspos", "rope", "cape", "pape")
+    batch: int = 1
+    repeats: int = 10
+    image_size: int | None = None
+    device: str = "cpu"
+
+
+def _positional_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for n, p in model.named_parameters() if "encoding" in n.split("."))
+
+
+def _build_vit(method: str, spec: BenchSpec) -> tuple[torch.nn.Module, int]:
+    from .methods import parse_method
+
+    config, default_size = MODELS[spec.model]
+    size = spec.image_size or default_size
+    parsed = parse_method(method)
+    model = ViT(parsed.name, dict(parsed.options), config, (size, size), 3, 1000)
+    return model.eval().to(spec.device), size
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def forward_table(spec: BenchSpec) -> pd.DataFrame:
+    """Per method: median forward time (ms), ratio to nopos, positional parameters."""
+    methods = list(dict.fromkeys(("nopos", *spec.methods)))
+    models, size = {}, None
+    for method in methods:
+        models[method], size = _build_vit(method, spec)
+    images = torch.randn(spec.batch, 3, size, size, device=spec.device)
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=spec.device.startswith("cuda"))
+    with torch.inference_mode(), autocast:
+        for model in models.values():  # warm-up: allocator, kernels, caches
+            model(images)
+        for _ in range(spec.repeats):
+            for method, model in models.items():
+                _sync(spec.device)
+                start = time.perf_counter()
+                model(images)
+                _sync(spec.device)
+                times[method].append((time.perf_counter() - start) * 1000)
+    base = statistics.median(times["nopos"])
+    rows = []
+    for method in methods:
+        median = statistics.median(times[method])
+        rows.append(
+            {
+                "method": method,
+                "forward_ms": round(median, 2),
+                "vs_nopos": round(median / base, 3),
+                "pos_params": _positional_parameters(models[method]),
+                "params": sum(p.numel() for p in models[method].parameters()),
+            }
+        )
+    return pd.DataFrame(rows).set_index("method")
+
+
+def _attention_layer(method: str, tokens: int, dim: int, heads: int) -> tuple[Attention, torch.Tensor, PositionLayout]:
+    from .methods import parse_method
+
+    side = max(int(math.isqrt(tokens)), 1)
+    parsed = parse_method(method)
+    geometry = Geometry(pos_dim=2, grid_shape=(side, side), num_prefix_tokens=0)
+    encoding = build_encoding(parsed.name, geometry, dim, heads, 1, dict(parsed.options))
+    layer = Attention(dim, heads, encoding.make_layer(0)).eval()
+    layout = encoding.prepare(PositionLayout.grid(1, (side, side)))
+    x = encoding.embed(torch.randn(1, side * side, dim), layout)
+    return layer, x, layout
+
+
+def _peak_memory_child(method: str, tokens: int, dim: int, heads: int) -> dict:
+    """Runs in a subprocess: peak-RSS growth (MiB) and time of one attention forward."""
+    torch.set_num_threads(1)
+    with torch.inference_mode():
+        layer, x, layout = _attention_layer(method, tokens, dim, heads)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        start = time.perf_counter()
+        layer(x, layout)
+        elapsed = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"peak_mib": (after - before) / 1024, "ms": elapsed * 1000}
+
+
+def sweep_table(methods: list[str], token_counts: list[int], dim: int = 768, heads: int = 12) -> pd.DataFrame:
+    """Time and peak memory of one attention layer as the token count grows."""
+    rows = []
+    for tokens in token_counts:
+        for method in methods:
+            code = (
+                "import json,sys; from pe_bench.harness.bench import _peak_memory_child as f;"
+                f"print(json.dumps(f({method!r}, {tokens}, {dim}, {heads})))"
+            )
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+            if proc.returncode != 0:
+                reason = (proc.stderr.strip().splitlines() or ["?"])[-1]
+                rows.append({"tokens": tokens, "method": method, "peak_mib": None, "ms": None, "error": reason})
+                continue
+            rows.append({"tokens": tokens, "method": method, **json.loads(proc.stdout.strip().splitlines()[-1])})
+    frame = pd.DataFrame(rows)
+    return frame.pivot(index="tokens", columns="method", values=["peak_mib", "ms"]).round(1)
+
+
+def header() -> str:
+    import lightning
+
+    from .store import device_description
+
+    return (
+        f"device: {device_description()} | torch {torch.__version__} | lightning {lightning.__version__} "
+        f"| python {sys.version.split()[0]}"
+    )

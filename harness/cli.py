@@ -1,0 +1,221 @@
+"""``pe-bench``: the command line.
+
+pe-bench run --tasks all --methods pape,rope,cape [--profile tiny|paper] [--seeds 0,1,2]
+             [--out DIR] [--data-root DIR] [--set optim.epochs=5 ...]
+pe-bench table [--out DIR]
+pe-bench list tasks|methods
+pe-bench bench [--model tiny|vit-s|vit-b] [--methods ...] [--sweep 256,1024,4096]
+pe-bench principles [--methods ...]
+pe-bench check NAME
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds expects integers like 0,1,2, got {text!r}") from None
+
+
+def _ints(text: str) -> list[int]:
+    return [int(s) for s in text.split(",") if s.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pe-bench", description=__doc__.split("\n\n")[0].strip())
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="train and evaluate a grid of tasks x methods x seeds")
+    run.add_argument("--tasks", required=True, help="comma-separated tasks or a group (all, pape-table1, ...)")
+    run.add_argument("--methods", required=True, help="comma-separated encodings, NAME[key=value,...] or all")
+    run.add_argument("--profile", default="tiny", help="tiny (default, no download) or paper (real datasets)")
+    run.add_argument("--seeds", type=_seeds, default=[0])
+    run.add_argument("--out", type=Path, default=Path("results"))
+    run.add_argument("--data-root", type=Path, default=None, help="folder holding the real datasets")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
+
+    table = sub.add_parser("table", help="render the result matrix from stored runs")
+    table.add_argument("--out", type=Path, default=Path("results"))
+
+    lister = sub.add_parser("list", help="list tasks (with groups and profiles) or methods")
+    lister.add_argument("what", choices=["tasks", "methods"])
+
+    bench = sub.add_parser("bench", help="forward time, memory and positional parameters vs nopos")
+    bench.add_argument("--model", default="tiny", choices=["tiny", "vit-s", "vit-b"])
+    bench.add_argument("--methods", default="nopos,sincos,abspos,rope,cape,pape")
+    bench.add_argument("--batch", type=int, default=1)
+    bench.add_argument("--repeats", type=int, default=10)
+    bench.add_argument("--image-size", type=int, default=None)
+    bench.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    bench.add_argument("--sweep", type=_ints, default=None, help="token counts for the attention-layer sweep")
+    bench.add_argument("--sweep-methods", default="nopos,rope,pape,pape[form=explicit]")
+    bench.add_argument("--out", type=Path, default=None, help="also write bench.md/bench.csv here")
+
+    principles = sub.add_parser("principles", help="declared versus measured principles of every encoding")
+    principles.add_argument("--methods", default=None)
+
+    check = sub.add_parser("check", help="run the conformance suite on one encoding")
+    check.add_argument("name")
+    return parser
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pe_bench.tasks import get_task, resolve_tasks
+
+    from .config import load_run_config, parse_overrides
+    from .methods import parse_methods
+    from .runner import GridRequest, run_grid
+    from .store import STATUS_DIVERGED, STATUS_FAILED
+    from .tables import write_tables
+
+    methods = parse_methods(args.methods)
+    tasks = resolve_tasks(args.tasks)
+    if not tasks:
+        print("error: no implemented task selected", file=sys.stderr)
+        return 2
+    overrides = parse_overrides(args.set)
+    for name in tasks:  # fail fast: configs valid and data present before any training
+        task = get_task(name)(load_run_config(name, args.profile, overrides), args.data_root)
+        task.check_data()
+    progress = sys.stdout.isatty() if args.progress is None else args.progress
+    request = GridRequest(tasks, methods, args.profile, args.seeds, args.out, args.data_root, overrides, progress)
+    records = run_grid(request)
+    print()
+    print(write_tables(args.out))
+    print(f"\n(tables written to {args.out}/table.md, table.tex, table.csv)")
+    failed = [r for r in records if r.status in (STATUS_FAILED, STATUS_DIVERGED)]
+    if failed:
+        print(f"{len(failed)} cell(s) failed or diverged; their reasons are in result.json", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from .tables import write_tables
+
+    print(write_tables(args.out))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    if args.what == "methods":
+        from pe_bench.adapters import available, get
+
+        for name in available():
+            cls = get(name)
+            claims = ", ".join(sorted(p.value for p in cls.principles)) or "-"
+            where = []
+            if cls.pos_dims is not None:
+                where.append(f"P in {{{', '.join(map(str, sorted(cls.pos_dims)))}}}")
+            if cls.requires_grid:
+                where.append("grids only")
+            print(f"{name:18s} {claims}" + (f"   [{'; '.join(where)}]" if where else ""))
+        return 0
+    from pe_bench.tasks import GROUPS, PLANNED, get_task, implemented
+
+    for name in PLANNED:
+        if name in implemented():
+            task = get_task(name)
+            print(f"{name:14s} profiles: {', '.join(task.profiles):12s} metric: {task.metric_label}")
+        else:
+            print(f"{name:14s} (not implemented yet)")
+    print("\ngroups:")
+    for group, members in GROUPS.items():
+        print(f"  {group:12s} {', '.join(members)}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import BenchSpec, forward_table, header, sweep_table
+
+    methods = tuple(m.strip() for m in _split_methods(args.methods))
+    spec = BenchSpec(args.model, methods, args.batch, args.repeats, args.image_size, args.device)
+    lines = [f"# pe-bench bench: {args.model}, batch {args.batch}, {args.repeats} repeats", header(), ""]
+    forward = forward_table(spec)
+    lines += ["## Forward pass (median ms), relative to nopos in the same run", forward.to_markdown(), ""]
+    print("\n".join(lines), flush=True)
+    sweep = None
+    if args.sweep:
+        sweep_methods = [m.strip() for m in _split_methods(args.sweep_methods)]
+        sweep = sweep_table(sweep_methods, args.sweep)
+        block = [
+            "## One attention layer (dim 768, 12 heads): peak memory growth (MiB) and time (ms)",
+            sweep.to_markdown(),
+        ]
+        print("\n".join(block))
+        lines += block
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench.md").write_text("\n".join(lines) + "\n")
+        forward.to_csv(args.out / "bench.csv")
+        if sweep is not None:
+            sweep.to_csv(args.out / "bench_sweep.csv")
+    return 0
+
+
+def _split_methods(text: str) -> list[str]:
+    from .methods import parse_methods
+
+    return [m.label for m in parse_methods(text)]
+
+
+def cmd_principles(args: argparse.Namespace) -> int:
+    from .conformance import principles_table
+
+    names = None if args.methods is None else _split_methods(args.methods)
+    print(principles_table(names).to_markdown())
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .conformance import check
+    from .methods import parse_method
+
+    spec = parse_method(args.name)
+    report = check(spec.name, dict(spec.options))
+    print(report.format())
+    return 0 if report.passed else 1
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "table": cmd_table,
+    "list": cmd_list,
+    "bench": cmd_bench,
+    "principles": cmd_principles,
+    "check": cmd_check,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from pe_bench.adapters import UnknownEncodingError
+
+    from .config import ConfigError
+
+    try:
+        return COMMANDS[args.command](args)
+    except (UnknownEncodingError, ConfigError, FileNotFoundError, KeyError, ValueError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished cells are kept; re-run the same command to complete the rest", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Method specs: an encoding name with optional options, e.g. ``pape[m=8,form=explicit]``.
+
+The spec string is the method's label in the grid, its directory and its table row, so an
+ablation is just another method: ``--methods pape,pape[linear=false],pape[m=2]``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from pe_bench.adapters import available, get
+
+_SPEC = re.compile(r"^(?P<name>[A-Za-z0-9_.+-]+)(\[(?P<opts>[^\]]*)\])?$")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    label: str
+    name: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def merged_options(self, task_defaults: dict[str, Any] | None) -> dict[str, Any]:
+        """Task-profile defaults for this encoding, overridden by the spec's own options."""
+        return {**(task_defaults or {}), **dict(self.options)}
+
+
+def parse_method(spec: str) -> MethodSpec:
+    match = _SPEC.match(spec.strip())
+    if not match:
+        raise ValueError(f"bad method spec {spec!r}; expected NAME or NAME[key=value,...]")
+    name = match["name"]
+    cls = get(name)  # unknown names raise with the registered names and a close match
+    options: dict[str, Any] = {}
+    for pair in filter(None, (p.strip() for p in (match["opts"] or "").split(","))):
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise ValueError(f"bad option {pair!r} in method spec {spec!r}; expected key=value")
+        options[key.strip()] = yaml.safe_load(raw)
+    cls.Options(**options)  # validate now: a bad key fails before any training, naming the key
+    return MethodSpec(label=spec.strip(), name=name, options=tuple(sorted(options.items())))
+
+
+def parse_methods(spec: str) -> list[MethodSpec]:
+    """Comma-separated specs (commas inside [...] belong to options); ``all`` = every encoding."""
+    parts, depth, current = [], 0, ""
+    for char in spec:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    labels = [p.strip() for p in parts if p.strip()]
+    if labels == ["all"]:
+        labels = available()
+    return [parse_method(label) for label in labels]

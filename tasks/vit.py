@@ -1,0 +1,58 @@
+"""ViT (Dosovitskiy et al.): patch embedding, CLS token, pre-norm encoder, linear head.
+
+Positions are patch-grid coordinates (row, col) in patch units, starting at 0; the CLS
+token has no position. ``position_scale`` multiplies positions (position interpolation,
+PaPE Appendix B) without touching the model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from pe_bench.adapters import Geometry, PositionLayout, build
+from pe_bench.harness.blocks import TransformerEncoder
+from pe_bench.harness.config import ModelConfig
+
+
+class ViT(nn.Module):
+    def __init__(
+        self,
+        method: str,
+        method_options: dict[str, Any],
+        model: ModelConfig,
+        image_size: tuple[int, int],
+        in_channels: int,
+        num_classes: int,
+    ) -> None:
+        super().__init__()
+        patch = model.patch_size
+        if image_size[0] % patch or image_size[1] % patch:
+            raise ValueError(f"image size {image_size} is not a multiple of the patch size {patch}")
+        self.patch_size = patch
+        self.geometry = Geometry(
+            pos_dim=2, grid_shape=(image_size[0] // patch, image_size[1] // patch), units="patch", num_prefix_tokens=1
+        )
+        self.patch_embed = nn.Conv2d(in_channels, model.dim, kernel_size=patch, stride=patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, model.dim))
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        self.encoding = build(method, self.geometry, model.dim, model.num_heads, model.depth, method_options)
+        self.encoder = TransformerEncoder(
+            model.dim, model.depth, model.num_heads, self.encoding, model.mlp_ratio, model.drop_path, model.dropout
+        )
+        self.head = nn.Linear(model.dim, num_classes)
+        if model.head_init == "zero":
+            nn.init.zeros_(self.head.weight)
+            nn.init.constant_(self.head.bias, -math.log(num_classes))
+        self.position_scale = 1.0
+
+    def forward(self, images: Tensor) -> Tensor:
+        tokens = self.patch_embed(images)
+        grid = tuple(tokens.shape[2:])
+        tokens = tokens.flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
+        layout = PositionLayout.grid(x.shape[0], grid, 1, device=x.device, scale=self.position_scale)
+        return self.head(self.encoder(x, layout)[:, 0])
