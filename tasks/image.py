@@ -260,7 +260,7 @@ _STANDIN = "generated relation images (direction from an anchor patch to a targe
 @register_task
 class ImageNet(ImageClassification):
     name = "imagenet"
-    tiny_standin = _STANDIN.format(n=4)
+    tiny_standin = _STANDIN.format(n=8)
 
 
 @register_task
@@ -272,4 +272,4 @@ class Cifar10(ImageClassification):
 @register_task
 class Cifar100(ImageClassification):
     name = "cifar100"
-    tiny_standin = _STANDIN.format(n=20)
+    tiny_standin = _STANDIN.format(n=12)
