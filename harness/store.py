@@ -79,8 +79,10 @@ def write_record(directory: Path, record: CellRecord) -> None:
 
 def staging_dir(final: Path) -> Path:
     """A fresh hidden sibling of ``final`` to train in."""
+    # Leftovers of an interrupted earlier attempt at this cell are worthless: remove them.
+    for stale in final.parent.glob(f".{final.name}.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     staging = final.with_name(f".{final.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     return staging
 

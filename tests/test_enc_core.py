@@ -6,14 +6,13 @@ import math
 
 import pytest
 import torch
+from _encoding_checks import DIM, HEADS, make_attention, random_layout
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pe_bench.adapters import Geometry, PositionLayout, build
 from pe_bench.adapters.transforms import mean_normalize
 from pe_bench.harness.attention import Attention
-
-from _encoding_checks import DIM, HEADS, make_attention, random_layout
 
 
 def _twin_pape(options: dict, pos_dim: int, cross: bool = False) -> tuple[Attention, Attention]:
