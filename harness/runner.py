@@ -123,14 +123,14 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
     final = store.cell_dir(request.out, task_name, method.label, seed)
     config = load_run_config(task_name, request.profile, request.overrides)
     task = get_task(task_name)(config, request.data_root)
-    scale = 100.0 if task.metric == "acc" else 1.0
+    scale = task.score_scale
     base = {
         "task": task_name,
         "method": method.label,
         "seed": seed,
         "profile": request.profile,
         "metric": task.metric,
-        "metric_label": task.metric_label + (" (%)" if scale == 100 else ""),
+        "metric_label": task.metric_label,
         "higher_is_better": task.higher_is_better,
     }
     reason = get_encoding(method.name).unsupported_reason(task.geometry())

@@ -24,8 +24,9 @@ from pe_bench.harness.config import ConfigError, RunConfig, Strict, format_valid
 class Task(ABC):
     name: ClassVar[str] = ""
     metric: ClassVar[str] = "acc"  # key logged as val/<metric> and test/<metric>
-    metric_label: ClassVar[str] = "Acc."
+    metric_label: ClassVar[str] = "Acc. (%)"  # table header under the task name
     higher_is_better: ClassVar[bool] = True
+    score_scale: ClassVar[float] = 100.0  # logged metric x scale = table units (fraction -> %)
     profiles: ClassVar[tuple[str, ...]] = ("tiny", "paper")
     DataConfig: ClassVar[type[Strict]] = Strict
     #: what the tiny profile substitutes for the real dataset (table footnote)
