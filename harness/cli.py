@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--sweep", type=_ints, default=None, help="token counts for the attention-layer sweep")
     bench.add_argument("--sweep-methods", default="nopos,rope,pape,pape[form=explicit]")
     bench.add_argument("--out", type=Path, default=None, help="also write bench.md/bench.csv here")
+    bench.add_argument("--task", default=None, help="only the task's own benchmark (e.g. tokenizer throughput)")
 
     principles = sub.add_parser("principles", help="declared versus measured principles of every encoding")
     principles.add_argument("--methods", default=None)
@@ -141,6 +142,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import BenchSpec, forward_table, header, sweep_table
 
+    if args.task:
+        from pe_bench.tasks import get_task
+
+        figures = get_task(args.task).benchmark(args.device)
+        print(figures or f"task {args.task!r} has no benchmark of its own")
+        return 0
     methods = tuple(m.strip() for m in _split_methods(args.methods))
     spec = BenchSpec(args.model, methods, args.batch, args.repeats, args.image_size, args.device)
     lines = [f"# pe-bench bench: {args.model}, batch {args.batch}, {args.repeats} repeats", header(), ""]

@@ -54,6 +54,12 @@ class Task(ABC):
     @abstractmethod
     def lightning_module(self, model: nn.Module) -> L.LightningModule: ...
 
+    @classmethod
+    def benchmark(cls, device: str = "cpu") -> str | None:
+        """Task-specific figures for ``pe-bench bench --task NAME`` (e.g. tokenizer events/s,
+        backbone time at 10k/100k points) as Markdown; None when the task has none."""
+        return None
+
     def check_data(self) -> None:  # noqa: B027  (optional hook: tasks with real data override it)
         """Fail fast, before any training, when the dataset is missing or malformed."""
 
