@@ -89,3 +89,43 @@ class TransformerEncoder(nn.Module):
         for block in self.blocks:
             x = block(x, layout)
         return self.norm(x)
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm decoder block: causal self-attention, cross-attention to the encoder output,
+    MLP, each as x + branch(norm(x)).
+
+    Self-attention uses ``encoding.make_layer(layer_index)``. Cross-attention (queries at
+    target positions, keys at source positions) gets ``encoding.make_layer(cross_layer_index)``,
+    or no positional action at all when ``cross_layer_index`` is None: whether positions act
+    across the two sequences is the task's decision, not the block's.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        encoding: PositionEncoding,
+        layer_index: int,
+        cross_layer_index: int | None = None,
+        mlp_ratio: float = 4.0,
+        drop_path: float = 0.0,
+        dropout: float = 0.0,
+        context_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        cross_encoding = None if cross_layer_index is None else encoding.make_layer(cross_layer_index)
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, num_heads, encoding.make_layer(layer_index), dropout=dropout)
+        self.norm2 = nn.LayerNorm(dim)
+        self.cross_attn = Attention(
+            dim, num_heads, cross_encoding, dropout=dropout, cross=True, context_dim=context_dim
+        )
+        self.norm3 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: Tensor, layout: PositionLayout, memory: Tensor, memory_layout: PositionLayout) -> Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x), layout, causal=True))
+        x = x + self.drop_path(self.cross_attn(self.norm2(x), layout, context=memory, key=memory_layout))
+        return x + self.drop_path(self.mlp(self.norm3(x)))
