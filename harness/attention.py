@@ -109,6 +109,11 @@ class Attention(nn.Module):
     ) -> Tensor:
         q, k, v, bias, key = self._project(x, query, context, key, causal)
         mask, is_causal = attention_mask(bias, key, causal, q.shape[-2], q.dtype)
+        if v.shape[-1] != q.shape[-1]:
+            # Widened q/k (PaPE): the fused CPU and flash kernels need equal q/k/v widths and
+            # otherwise fall back to the math kernel, which materialises N x N. Zero columns
+            # in v keep the fused path; they are sliced off the output again.
+            v = F.pad(v, (0, q.shape[-1] - v.shape[-1]))
         out = F.scaled_dot_product_attention(
             q,
             k,
@@ -117,7 +122,7 @@ class Attention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=is_causal,
             scale=1.0 / math.sqrt(self.head_dim),
-        )
+        )[..., : self.head_dim]
         b, _, n, _ = out.shape
         return self.proj(out.transpose(1, 2).reshape(b, n, -1))
 

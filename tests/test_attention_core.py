@@ -1,0 +1,60 @@
+"""The shared attention core: fused SDPA path for bias-free encodings, masks, cross-attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend
+
+from pe_bench.adapters import Geometry, PositionLayout, available, build, get
+from pe_bench.adapters.base import Principle
+from pe_bench.harness import attention as attention_module
+from pe_bench.harness.attention import Attention
+
+FUSED = [name for name in available() if Principle.FUSED_KERNEL in get(name).principles]
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_fused_encodings_reach_a_fused_sdpa_backend(name, monkeypatch):
+    """Not just 'no N x N mask': SDPA must actually pick a fused kernel, not the math one
+    (which materialises N x N). Widened q/k with a narrower v would silently fall back."""
+    chosen = []
+    real = attention_module.F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        chosen.append(torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
+    geometry = Geometry(pos_dim=2, grid_shape=(5, 5), num_prefix_tokens=1)
+    encoding = build(name, geometry, 64, 4, 1).eval()
+    layer = Attention(64, 4, encoding.make_layer(0)).eval()
+    layout = encoding.prepare(PositionLayout.grid(2, (5, 5), 1))
+    x = encoding.embed(torch.randn(2, 26, 64), layout)
+    with torch.no_grad():
+        layer(x, layout)
+        layout.valid = torch.ones(2, 26, dtype=torch.bool)
+        layout.valid[1, -4:] = False
+        layer(x, layout)
+    assert chosen and all(c != SDPBackend.MATH.value for c in chosen), chosen
+
+
+def test_causal_and_padding_masks_combine():
+    layer = Attention(16, 2).eval()
+    n = 5
+    layout = PositionLayout.grid(1, (n,))
+    layout.valid = torch.tensor([[True, True, True, True, False]])
+    logits = layer.logits(torch.randn(1, n, 16), layout, causal=True)
+    allowed = torch.isfinite(logits[0, 0])
+    expected = torch.ones(n, n, dtype=torch.bool).tril() & layout.valid[0][None, :]
+    assert torch.equal(allowed, expected)
+
+
+def test_cross_attention_with_different_lengths():
+    layer = Attention(16, 2, cross=True, context_dim=8)
+    query = PositionLayout.grid(2, (3,))
+    key = PositionLayout.grid(2, (7,))
+    out = layer(torch.randn(2, 3, 16), query, context=torch.randn(2, 7, 8), key=key)
+    assert out.shape == (2, 3, 16)
+    with pytest.raises(ValueError, match="context"):
+        layer(torch.randn(2, 3, 16), query)
