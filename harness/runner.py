@@ -105,7 +105,11 @@ def _train_and_test(task: Task, method: MethodSpec, options: dict, seed: int, wo
         raise RuntimeError(f"no checkpoint was saved: {monitor} was never logged")
     tested = trainer.test(module, datamodule=data, ckpt_path=checkpoint.best_model_path, verbose=False)
     best_val = checkpoint.best_model_score
+    # Optional hook: a task's module may report more than its one metric (e.g. WER per
+    # duration bin); it lands in the cell record's ``extra``.
+    extra_results = getattr(module, "extra_results", None)
     return {
+        "extra_results": dict(extra_results()) if callable(extra_results) else {},
         "test": float(tested[0][f"test/{task.metric}"]),
         "best_val": None if best_val is None else float(best_val),
         "train_seconds": train_seconds,
@@ -163,7 +167,7 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
         score=result["test"] * scale,
         best_val=None if best_val is None else best_val * scale,
         train_seconds=result["train_seconds"],
-        extra={k: result[k] for k in ("parameters", "positional_parameters")},
+        extra={k: result[k] for k in ("parameters", "positional_parameters")} | result["extra_results"],
         **base,
     )
     store.write_record(staging, record)
@@ -206,4 +210,9 @@ def run_grid(request: GridRequest, say: Callable[[str], None] = print) -> list[s
         else:
             say(f"{where}: {record.status} - {record.reason.splitlines()[0][:200]}")
         sys.stdout.flush()
+    # Optional hook: tasks with tables beyond the matrix (speech: WER per duration bin) write them.
+    for task_name in request.tasks:
+        writer = getattr(get_task(task_name), "write_extra_tables", None)
+        if callable(writer):
+            writer(request.out)
     return records
