@@ -26,6 +26,8 @@ from .speech_features import BLANK, bin_labels, duration_bin, greedy_decode
 
 @dataclass
 class SpeechBatch:
+    """One padded batch; Lightning moves its tensor fields to the device (a dataclass)."""
+
     feats: Tensor  # (B, T, n_mels), zero beyond each length
     lengths: Tensor  # (B,) feature frames
     targets: Tensor  # (sum of target lengths,) concatenated token ids
@@ -33,11 +35,6 @@ class SpeechBatch:
     durations: list[float]  # seconds
     texts: list[str]
     sets: list[int]  # index into the module's evaluation set names
-
-    def to(self, device: torch.device) -> SpeechBatch:
-        move = dict(feats=self.feats, lengths=self.lengths, targets=self.targets, target_lengths=self.target_lengths)
-        moved = {k: v.to(device) for k, v in move.items()}
-        return SpeechBatch(**moved, durations=self.durations, texts=self.texts, sets=self.sets)
 
 
 def wer_table(metrics: dict[str, WordErrorRate]) -> dict[str, float | None]:
@@ -62,9 +59,6 @@ class CTCModule(L.LightningModule):
     @staticmethod
     def _key(name: str) -> str:
         return name.replace(".", "_").replace("/", "__")  # ModuleDict keys may not hold '.'
-
-    def transfer_batch_to_device(self, batch: SpeechBatch, device: torch.device, dataloader_idx: int) -> SpeechBatch:
-        return batch.to(device)
 
     def forward(self, feats: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         return self.model(feats, lengths)
