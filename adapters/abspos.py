@@ -27,6 +27,7 @@ class AbsPosOptions(EncodingOptions):
 class LearnableAbsolute(PositionEncoding):
     principles = frozenset({Principle.FUSED_KERNEL})
     requires_grid = True
+    supports_position_interpolation = False  # the table is resized bicubically instead
     pos_dims = frozenset(_MODES)
     Options = AbsPosOptions
 

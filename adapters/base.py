@@ -150,6 +150,9 @@ class PositionEncoding(nn.Module):
     pos_dims: ClassVar[frozenset[int] | None] = None
     #: True when the encoding is only defined on a regular grid (abspos, LookHere, WePE).
     requires_grid: ClassVar[bool] = False
+    #: False when scaling positions is meaningless (encodings that index grid cells, whose
+    #: resize to a new grid already is their interpolation): extrapolation shows n/a then.
+    supports_position_interpolation: ClassVar[bool] = True
     Options: ClassVar[type[EncodingOptions]] = EncodingOptions
 
     def __init__(

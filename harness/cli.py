@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", type=Path, default=None, help="also write bench.md/bench.csv here")
     bench.add_argument("--task", default=None, help="only the task's own benchmark (e.g. tokenizer throughput)")
 
+    extrapolate = sub.add_parser("extrapolate", help="evaluate stored checkpoints at other resolutions")
+    extrapolate.add_argument("--task", default="imagenet")
+    extrapolate.add_argument("--methods", default=None, help="method labels (default: every finished cell)")
+    extrapolate.add_argument("--resolutions", default=None, help="e.g. 24,48,96 or 48x96 (default: 1x-4x)")
+    extrapolate.add_argument("--out", type=Path, default=Path("results"))
+    extrapolate.add_argument("--data-root", type=Path, default=None)
+
     principles = sub.add_parser("principles", help="declared versus measured principles of every encoding")
     principles.add_argument("--methods", default=None)
 
@@ -179,6 +186,27 @@ def _split_methods(text: str) -> list[str]:
     return [m.label for m in parse_methods(text)]
 
 
+def cmd_extrapolate(args: argparse.Namespace) -> int:
+    from . import extrapolate as ex
+    from .runner import quiet_lightning
+
+    quiet_lightning()
+    methods = None if args.methods is None else _split_methods(args.methods)
+    cells = ex.finished_cells(args.out, args.task, methods)
+    if not cells:
+        raise FileNotFoundError(f"no finished {args.task} cells under {args.out}; run `pe-bench run` first")
+    task, _, _ = ex.load_cell(cells[0].directory, args.data_root)
+    size, patch = task.data.image_size, task.config.model.patch_size
+    if args.resolutions:
+        resolutions = ex.parse_resolutions(args.resolutions)
+    else:
+        resolutions = ex.default_resolutions(size, patch, task.config.profile)
+    frame = ex.evaluate_grid(args.out, args.task, resolutions, methods, args.data_root)
+    print(ex.write_extrapolation(args.out, args.task, frame, f"{size}²"))
+    print(f"(written to {args.out}/extrapolation/{args.task}/)")
+    return 0
+
+
 def cmd_principles(args: argparse.Namespace) -> int:
     from .conformance import principles_table
 
@@ -202,6 +230,7 @@ COMMANDS = {
     "table": cmd_table,
     "list": cmd_list,
     "bench": cmd_bench,
+    "extrapolate": cmd_extrapolate,
     "principles": cmd_principles,
     "check": cmd_check,
 }

@@ -26,6 +26,7 @@ from .vit import ViT
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 
 class ImageDataConfig(Strict):
@@ -79,11 +80,19 @@ def _synthetic_splits(
     return tuple(splits)  # type: ignore[return-value]
 
 
-def _transforms(data: ImageDataConfig, train: bool, mean: tuple, std: tuple) -> Any:
+def _transforms(
+    data: ImageDataConfig, train: bool, mean: tuple, std: tuple, eval_size: tuple[int, int] | None = None
+) -> Any:
+    """Training or evaluation transforms; ``eval_size`` (H, W) evaluates at another resolution."""
     from torchvision.transforms import v2
 
     size = data.image_size
     steps: list[Any] = [v2.ToImage()]
+    if eval_size is not None and not train:
+        # Resize the shorter side as the usual 0.875 crop ratio does, then centre-crop (H, W).
+        steps += [v2.Resize(int(max(eval_size) / 0.875), antialias=True), v2.CenterCrop(eval_size)]
+        steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+        return v2.Compose(steps)
     if train:
         crop = v2.RandomResizedCrop(size, antialias=True) if data.random_resized_crop else v2.Resize((size, size))
         steps.append(crop)
@@ -183,12 +192,38 @@ class ImageDataModule(L.LightningDataModule):
             cls = CIFAR10 if data.source == "cifar10" else CIFAR100
             root = str(cifar_root(self.data_root, data))
             full = cls(root, train=True, download=False)
-            mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+            mean, std = CIFAR_MEAN, CIFAR_STD
             train_idx, val_idx = stratified_split(np.asarray(full.targets), data.val_fraction)
             train = _Transformed(full, train_idx, _transforms(data, True, mean, std))
             val = _Transformed(full, val_idx, _transforms(data, False, mean, std))
             test = _Transformed(cls(root, train=False, download=False), None, _transforms(data, False, mean, std))
         self.splits = {"train": train, "val": val, "test": test}
+
+    def test_set_at(self, height: int, width: int) -> Dataset:
+        """The test split at another resolution, for extrapolation (PaPE Appendix B). Synthetic
+        data is regenerated on the larger patch grid (a bigger image holds more patches)."""
+        data = self.data
+        if data.source == "synthetic":
+            grid = (height // self.patch, width // self.patch)
+            x, y = relation_images(
+                data.test_size, data.num_classes, grid, self.patch, data.channels, data.distractors, data.noise,
+                seed=5000 + 97 * height + width,
+            )  # fmt: skip
+            return TensorDataset(x, y)
+        if data.source == "imagefolder":
+            from torchvision.datasets import ImageFolder
+
+            root = imagefolder_root(self.data_root, data)
+            transform = _transforms(data, False, IMAGENET_MEAN, IMAGENET_STD, (height, width))
+            return _Transformed(ImageFolder(str(root / "val")), None, transform)
+        from torchvision.datasets import CIFAR10, CIFAR100
+
+        cls = CIFAR10 if data.source == "cifar10" else CIFAR100
+        transform = _transforms(data, False, CIFAR_MEAN, CIFAR_STD, (height, width))
+        return _Transformed(cls(str(cifar_root(self.data_root, data)), train=False, download=False), None, transform)
+
+    def loader(self, dataset: Dataset) -> DataLoader:
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)
