@@ -32,8 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="train and evaluate a grid of tasks x methods x seeds")
-    run.add_argument("--tasks", required=True, help="comma-separated tasks or a group (all, pape-table1, ...)")
-    run.add_argument("--methods", required=True, help="comma-separated encodings, NAME[key=value,...] or all")
+    run.add_argument("--tasks", help="comma-separated tasks or a group (all, pape-table1, ...)")
+    run.add_argument("--methods", help="comma-separated encodings, NAME[key=value,...] or all")
+    run.add_argument("--study", help="a ready-made grid instead of --tasks/--methods: pape-ablation, pape-m")
     run.add_argument("--profile", default="tiny", help="tiny (default, no download) or paper (real datasets)")
     run.add_argument("--seeds", type=_seeds, default=[0])
     run.add_argument("--out", type=Path, default=Path("results"))
@@ -83,18 +84,28 @@ def _cuda() -> bool:
 def cmd_run(args: argparse.Namespace) -> int:
     from pe_bench.tasks import get_task, resolve_tasks
 
-    from .config import load_run_config, parse_overrides
+    from .config import deep_merge, load_run_config, load_study, parse_overrides
     from .methods import parse_methods
     from .runner import GridRequest, run_grid
     from .store import STATUS_DIVERGED, STATUS_FAILED
     from .tables import write_tables
 
+    overrides = parse_overrides(args.set)
+    if args.study:
+        study = load_study(args.study)
+        args.tasks = args.tasks or ",".join(study.tasks)
+        args.methods = args.methods or ",".join(study.methods)
+        if args.profile == "paper":
+            overrides = deep_merge(study.paper_overrides, overrides)
+        print(f"study {args.study}: {study.description}")
+    if not args.tasks or not args.methods:
+        print("error: give --tasks and --methods, or --study NAME", file=sys.stderr)
+        return 2
     methods = parse_methods(args.methods)
     tasks = resolve_tasks(args.tasks)
     if not tasks:
         print("error: no implemented task selected", file=sys.stderr)
         return 2
-    overrides = parse_overrides(args.set)
     for name in tasks:  # fail fast: configs valid and data present before any training
         task = get_task(name)(load_run_config(name, args.profile, overrides), args.data_root)
         task.check_data()

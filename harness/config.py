@@ -115,6 +115,30 @@ def task_yaml(task: str) -> dict[str, Any]:
     return yaml.safe_load(text)
 
 
+class StudySpec(Strict):
+    """A ready-made grid (e.g. PaPE's ablation tables): tasks, methods, paper-profile overrides."""
+
+    description: str
+    tasks: list[str]
+    methods: list[str]
+    paper_overrides: dict[str, Any] = {}
+
+
+def studies() -> list[str]:
+    folder = resources.files("pe_bench.configs").joinpath("studies")
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_study(name: str) -> StudySpec:
+    if name not in studies():
+        raise ConfigError(f"unknown study {name!r}; studies: {', '.join(studies())}")
+    text = resources.files("pe_bench.configs").joinpath("studies", f"{name}.yaml").read_text()
+    try:
+        return StudySpec(**yaml.safe_load(text))
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(f"study {name}", err)) from None
+
+
 def load_run_config(task: str, profile: str, overrides: dict[str, Any] | None = None) -> RunConfig:
     spec = task_yaml(task)
     profiles = spec.get("profiles", {})

@@ -67,3 +67,25 @@ def test_unknown_method_lists_names_and_close_match():
         parse_method("roppe")
     message = str(info.value)
     assert "Did you mean 'rope'?" in message and "pape" in message and "nopos" in message
+
+
+def test_studies_are_valid_method_grids():
+    from pe_bench.harness.config import load_study, studies
+
+    assert {"pape-ablation", "pape-m"} <= set(studies())
+    ablation = load_study("pape-ablation")
+    specs = parse_methods(",".join(ablation.methods))
+    assert [dict(s.options) for s in specs][1:] == [
+        {"quadratic": False}, {"linear": False}, {"context": False}, {"softplus": False}, {"project": False},
+    ]  # fmt: skip
+    assert ablation.paper_overrides["optim"]["epochs"] == 150  # ViT-S, 150 epochs (PaPE Section 5.4)
+    assert [dict(s.options)["m"] for s in parse_methods(",".join(load_study("pape-m").methods))] == [
+        2,
+        4,
+        8,
+        16,
+        32,
+        64,
+    ]
+    with pytest.raises(ConfigError, match="unknown study"):
+        load_study("nope")
