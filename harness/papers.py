@@ -207,7 +207,7 @@ def _ranks(values: pd.Series, higher_is_better: bool) -> pd.Series:
 
 
 def _sign(x: float) -> int:
-    return (x > 0) - (x < 0)
+    return int(x > 0) - int(x < 0)
 
 
 def _kendall_tau(a: pd.Series, b: pd.Series) -> float:
