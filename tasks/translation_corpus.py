@@ -1,0 +1,173 @@
+"""Tiny English->German parallel corpus built from packaged resources, and sentence stacking.
+
+The vocabulary comes from packages, not from us: numbers from num2words (German writes the
+units before the tens, ``einundzwanzig``, and compounds whole numbers into one word), dates
+from Babel's CLDR data (``March 17, 2021`` vs ``17. März 2021``), country, language and
+currency names and weekdays from Babel's locale tables. A handful of sentence frames glue
+them together; each frame was chosen because German reorders it (verb-second after a
+fronted adverbial, verb-final subordinate clauses, participle at the end), so that copying
+or word-by-word mapping is not enough and attention must find *where* each piece goes.
+
+Everything is drawn from one seeded RNG, so the corpus is identical on every machine with
+the same package versions; it is cached as plain text in the paper layout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+Pair = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Lexicon:
+    """Aligned English/German entries from Babel (only entries both locales name)."""
+
+    countries: list[Pair]
+    languages: list[Pair]
+    currencies: list[Pair]
+    weekdays: list[Pair]
+
+
+@cache
+def lexicon() -> Lexicon:
+    from babel import Locale
+
+    en, de = Locale("en"), Locale("de")
+
+    def aligned(a: dict, b: dict, keep: Callable[[str], bool]) -> list[Pair]:
+        # Single-token-ish names keep sentences short; sorted keys keep the order stable.
+        keys = sorted(k for k in a if k in b and keep(str(k)))
+        return [(a[k], b[k]) for k in keys if len(a[k].split()) <= 2 and len(b[k].split()) <= 2]
+
+    # Two-letter territory codes are countries (three digits are regions like "Europe").
+    countries = aligned(en.territories, de.territories, lambda k: len(k) == 2 and k.isalpha())
+    # Plain two-letter language codes, not variants such as "en_GB".
+    languages = aligned(en.languages, de.languages, lambda k: len(k) == 2)
+    currencies = aligned(en.currencies, de.currencies, lambda k: True)
+    fmt = "wide"
+    weekdays = [(en.days["format"][fmt][i], de.days["format"][fmt][i]) for i in range(7)]
+    return Lexicon(countries, languages, currencies, weekdays)
+
+
+def number(value: int) -> Pair:
+    from num2words import num2words
+
+    return num2words(value, lang="en"), num2words(value, lang="de")
+
+
+def date(day: datetime.date) -> Pair:
+    from babel.dates import format_date
+
+    return format_date(day, "long", locale="en"), format_date(day, "long", locale="de")
+
+
+def _draw(rng: random.Random, lex: Lexicon) -> Pair:
+    """One sentence pair from a randomly chosen frame (English, German)."""
+    country = rng.choice(lex.countries)
+    language = rng.choice(lex.languages)
+    currency = rng.choice(lex.currencies)
+    weekday = rng.choice(lex.weekdays)
+    n = number(rng.randint(2, 999))
+    day = date(datetime.date(2000, 1, 1) + datetime.timedelta(days=rng.randrange(365 * 30)))
+    frame = rng.randrange(7)
+    if frame == 0:  # fronted adverbial -> verb second
+        return f"On {weekday[0]} we fly to {country[0]}.", f"Am {weekday[1]} fliegen wir nach {country[1]}."
+    if frame == 1:  # subordinate clause -> verb final
+        return (
+            f"I know that she speaks {language[0]}.",
+            f"Ich weiß, dass sie {language[1]} spricht.",
+        )
+    if frame == 2:
+        return f"The price is {n[0]} {currency[0]}.", f"Der Preis beträgt {n[1]} {currency[1]}."
+    if frame == 3:  # separable verb: "findet ... statt"
+        return f"The meeting takes place on {day[0]}.", f"Das Treffen findet am {day[1]} statt."
+    if frame == 4:  # fronted locative -> subject after the verb
+        return f"{n[0].capitalize()} people live in {country[0]}.", f"In {country[1]} leben {n[1]} Menschen."
+    if frame == 5:  # perfect tense -> participle at the end
+        return (
+            f"Yesterday I saw {n[0]} birds in {country[0]}.",
+            f"Gestern habe ich in {country[1]} {n[1]} Vögel gesehen.",
+        )
+    return (
+        f"They paid {n[0]} {currency[0]} on {day[0]}.",
+        f"Sie haben am {day[1]} {n[1]} {currency[1]} bezahlt.",
+    )
+
+
+def build_pairs(count: int, seed: int) -> list[Pair]:
+    rng = random.Random(seed)
+    lex = lexicon()
+    return [_draw(rng, lex) for _ in range(count)]
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+def stack_pairs(pairs: Sequence[Pair], min_target_words: int) -> list[Pair]:
+    """Concatenate consecutive pairs until each target has ``min_target_words`` words.
+
+    As cape.txt Section 5.3 builds its long test sets: the full stop at each junction becomes
+    a comma and the next sentence's first letter is lower-cased, so a stacked pair reads
+    like one long sentence. A short remainder at the end is dropped. (The paper counts
+    subword tokens; words are a tokenizer-independent lower bound.)
+    """
+    stacked: list[Pair] = []
+    src: list[str] = []
+    tgt: list[str] = []
+    words = 0
+    for en, de in pairs:
+        if src:
+            src[-1], tgt[-1] = src[-1].rstrip(".") + ",", tgt[-1].rstrip(".") + ","
+            en, de = _lower_first(en), _lower_first(de)
+        src.append(en)
+        tgt.append(de)
+        words += len(de.split())
+        if words >= min_target_words:
+            stacked.append((" ".join(src), " ".join(tgt)))
+            src, tgt, words = [], [], 0
+    return stacked
+
+
+def write_split(folder: Path, split: str, pairs: Sequence[Pair], src_lang: str, tgt_lang: str) -> None:
+    for index, lang in ((0, src_lang), (1, tgt_lang)):
+        path = folder / f"{split}.{lang}"
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text("".join(p[index] + "\n" for p in pairs), encoding="utf-8")
+        tmp.replace(path)  # atomic: a concurrent run never reads half a file
+
+
+def tiny_corpus(cache_root: Path, sizes: tuple[int, int, int]) -> Path:
+    """Build (once) and return a folder with train/valid/test.{en,de} for the given sizes."""
+    import babel
+    import num2words
+
+    # The key changes with the sizes and the resource versions, never silently reused.
+    meta = {"sizes": list(sizes), "babel": babel.__version__, "num2words": _version(num2words), "v": 1}
+    key = hashlib.sha1(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:12]
+    folder = cache_root / "translation" / f"tiny-en-de-{key}"
+    if (folder / "meta.json").exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    # Separate seeds per split: validation and test sentences are fresh draws.
+    for split, count, seed in zip(("train", "valid", "test"), sizes, (11, 12, 13), strict=True):
+        write_split(folder, split, build_pairs(count, seed), "en", "de")
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def _version(module: object) -> str:
+    from importlib.metadata import version
+
+    try:
+        return version(getattr(module, "__name__", ""))
+    except Exception:  # editable or vendored installs have no metadata
+        return "unknown"
