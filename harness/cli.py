@@ -67,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     extrapolate.add_argument("--out", type=Path, default=Path("results"))
     extrapolate.add_argument("--data-root", type=Path, default=None)
 
+    analyze = sub.add_parser("analyze", help="PaPE per-head position/semantics z-scores (PaPE Figure 3)")
+    analyze.add_argument("--task", default="imagenet")
+    analyze.add_argument("--method", default="pape")
+    analyze.add_argument("--seed", type=int, default=0)
+    analyze.add_argument("--tau", type=float, default=0.8, help="top-attended threshold τ")
+    analyze.add_argument("--images", type=int, default=256, help="test images to average over")
+    analyze.add_argument("--out", type=Path, default=Path("results"))
+    analyze.add_argument("--data-root", type=Path, default=None)
+
     principles = sub.add_parser("principles", help="declared versus measured principles of every encoding")
     principles.add_argument("--methods", default=None)
 
@@ -218,6 +227,43 @@ def cmd_extrapolate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    import numpy as np
+    import pandas as pd
+
+    from .analysis import pape_head_scores, plot_heatmap
+    from .extrapolate import load_cell
+    from .store import cell_dir
+
+    directory = cell_dir(args.out, args.task, args.method, args.seed)
+    if not (directory / "best.ckpt").is_file():
+        raise FileNotFoundError(f"no finished cell with a checkpoint at {directory}; run `pe-bench run` first")
+    task, model, _ = load_cell(directory, args.data_root)
+    data = task.datamodule(seed=0)
+    data.setup("test")
+    images = []
+    for batch, _ in data.test_dataloader():
+        images.append(batch)
+        if sum(len(b) for b in images) >= args.images:
+            break
+    scores = pape_head_scores(model, torch_cat(images)[: args.images], args.tau)
+    target = args.out / "analysis" / args.task / directory.parent.name / directory.name
+    target.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(scores, index=[f"L{i + 1}" for i in range(len(scores))])
+    frame.columns = [f"H{h + 1}" for h in range(scores.shape[1])]
+    frame.to_csv(target / "zscores.csv")
+    plot_heatmap(scores, target / "heatmap", f"{args.task} · {args.method}: z per head (τ = {args.tau})")
+    print(frame.round(4).to_markdown())
+    print(f"most positional head: {np.unravel_index(scores.argmax(), scores.shape)}, written to {target}/")
+    return 0
+
+
+def torch_cat(tensors):
+    import torch
+
+    return torch.cat(tensors)
+
+
 def cmd_principles(args: argparse.Namespace) -> int:
     from .conformance import principles_table
 
@@ -242,6 +288,7 @@ COMMANDS = {
     "list": cmd_list,
     "bench": cmd_bench,
     "extrapolate": cmd_extrapolate,
+    "analyze": cmd_analyze,
     "principles": cmd_principles,
     "check": cmd_check,
 }
