@@ -325,7 +325,7 @@ def compare(records: list[store.CellRecord], ref: str) -> tuple[pd.DataFrame, li
         notes.insert(
             0,
             "**Not comparable: our numbers come from the `tiny` profile** (small stand-in data and models, "
-            "not the paper's datasets or training). The scores and differences below say nothing about the "
+            "not the paper's datasets or training). The scores and differences in this table say nothing about the "
             "paper's numbers; only the ranks can be compared.",
         )
     if used - {"tiny", "paper"}:
@@ -355,7 +355,10 @@ def render_comparison(frame: pd.DataFrame, notes: list[str], decimals: int = 2) 
             }
         )
         table = shown.to_markdown(index=False, disable_numparse=True)
-    return table + "\n\n" + "\n".join(f"- {note}" for note in notes)
+    warnings = [note for note in notes if note.startswith("**Not comparable")]
+    rest = [note for note in notes if note not in warnings]
+    head = "".join(f"> {note}\n\n" for note in warnings)
+    return head + table + "\n\n" + "\n".join(f"- {note}" for note in rest)
 
 
 def compare_markdown(records: list[store.CellRecord], ref: str) -> str:
