@@ -93,10 +93,13 @@ def plot_heatmap(scores: np.ndarray, path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import SymLogNorm
 
     bound = float(np.abs(scores).max()) or 1.0
     fig, ax = plt.subplots(figsize=(1 + 0.5 * scores.shape[1], 1 + 0.4 * scores.shape[0]))
-    image = ax.imshow(scores, cmap="coolwarm", vmin=-bound, vmax=bound)
+    # z spans orders of magnitude when P and Y disagree strongly: a symmetric log scale
+    # keeps the sign (the point of the figure) readable for small and large heads alike.
+    image = ax.imshow(scores, cmap="coolwarm", norm=SymLogNorm(linthresh=0.1, vmin=-bound, vmax=bound))
     ax.set_xticks(range(scores.shape[1]), [f"H{h + 1}" for h in range(scores.shape[1])])
     ax.set_yticks(range(scores.shape[0]), [f"L{i + 1}" for i in range(scores.shape[0])])
     ax.set_title(title, fontsize=9)
