@@ -7,11 +7,13 @@ STAMP  := $(VENV)/.installed
 .PHONY: setup run test lint bench clean
 
 $(STAMP): pyproject.toml
+	# espeak-ng (+ sox) synthesise the tiny speech corpus; installed when missing.
+	command -v espeak-ng >/dev/null || { apt-get update -qq && apt-get install -y -qq espeak-ng sox; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	# torch + torchvision first, pinned to the builds this machine's pip serves from local
-	# files; pe-bench itself only declares lower bounds.
-	$(BIN)/pip install torch==2.14.1 torchvision==0.29.1
+	# files (torchaudio 2.11 from the registry runs beside them); pe-bench declares lower bounds.
+	$(BIN)/pip install torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.0
 	$(BIN)/pip install -e '.[test]'
 	touch $(STAMP)
 
