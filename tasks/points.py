@@ -100,26 +100,37 @@ class PointTask(Task):
 
     @classmethod
     def benchmark(cls, device: str = "cpu") -> str:
-        """Eval forward time of the paper-profile backbone on 10k and 100k random scene points."""
+        """Eval forward time of the backbone (tiny and paper profiles) on 10k and 100k points."""
         from pe_bench.harness.config import load_run_config
 
-        rows = ["| points | backbone | forward (s) |", "|---:|---|---:|"]
-        config = load_run_config(cls.name, "paper")
-        task = cls(config)
-        for n in (10_000, 100_000):
+        rows = ["| profile | points | parameters | forward (s) |", "|---|---:|---:|---:|"]
+        for profile in ("tiny", "paper"):
+            task = cls(load_run_config(cls.name, profile))
             torch.manual_seed(0)
             model = task.backbone("nopos", {}).eval().to(device)
-            points = _random_scene(n, task.data.grid_size, 3 * len(task.data.feat_keys), device)
-            with torch.inference_mode():
-                model(points)  # warm-up
-                start = time.perf_counter()
-                model(points)
-                if device.startswith("cuda"):
-                    torch.cuda.synchronize()
-                seconds = time.perf_counter() - start
-            rows.append(f"| {n:,} | PTv3 {cls.mode} (paper profile, nopos) | {seconds:.2f} |")
-        threads = torch.get_num_threads()
-        return "\n".join([f"Backbone eval forward, one sample, {device}, {threads} threads:", "", *rows])
+            params = sum(p.numel() for p in model.parameters())
+            for n in _BENCH_SIZES:
+                points = _random_scene(n, task.data.grid_size, 3 * len(task.data.feat_keys), device)
+                with torch.inference_mode():
+                    model(points)  # warm-up (allocator, neighbour-table code paths)
+                    _sync(device)
+                    start = time.perf_counter()
+                    model(points)
+                    _sync(device)
+                    seconds = time.perf_counter() - start
+                rows.append(f"| {profile} | {n} | {params / 1e6:.2f}M | {seconds:.3f} |")
+        head = (
+            f"PTv3 {cls.mode} backbone, eval forward of one scene, nopos, {device}, {torch.get_num_threads()} threads:"
+        )
+        return "\n".join([head, "", *rows])
+
+
+_BENCH_SIZES = (10_000, 100_000)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def _random_scene(n: int, grid_size: float, channels: int, device: str) -> PointBatch:

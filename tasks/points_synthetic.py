@@ -121,7 +121,8 @@ def shape_dataset(count: int, num_points: int, num_classes: int, seed: int):
     """``count`` shapes (balanced classes): list of (points (n, 3), normals (n, 3)) and labels.
 
     Each shape gets a random anisotropic stretch, a small tilt and any rotation about the
-    vertical axis before sampling, so instances of a class differ and headings are arbitrary.
+    vertical axis before sampling, so instances of a class differ and headings are arbitrary;
+    only the half of the surface facing a random viewpoint is kept (a partial scan).
     """
     if not 2 <= num_classes <= len(SHAPES):
         raise ValueError(f"the shape stand-in has 2 to {len(SHAPES)} classes, got {num_classes}")
@@ -135,11 +136,16 @@ def shape_dataset(count: int, num_points: int, num_classes: int, seed: int):
         stretch = rng.uniform(0.75, 1.3, 3)
         tilt = _rotation(rng.uniform(-0.2, 0.2), axis=0) @ _rotation(rng.uniform(-0.2, 0.2), axis=1)
         tilt = _rotation(rng.uniform(-np.pi, np.pi), axis=2) @ tilt  # any heading, test shapes too
-        points, normals = sample_surface((verts * stretch) @ tilt.T, faces, num_points, rng)
+        points, normals = sample_surface((verts * stretch) @ tilt.T, faces, 2 * num_points, rng)
         normals = normals / stretch  # normals transform with the inverse stretch
         normals = normals @ tilt.T
         normals /= np.linalg.norm(normals, axis=1, keepdims=True)
-        clouds.append((points, normals.astype(np.float32)))
+        # A partial view, as from one scanner position: keep the num_points nearest a random
+        # far-away viewpoint, so a random side of the shape is missing (harder than complete shapes).
+        view = rng.normal(size=3)
+        view *= 4.0 / np.linalg.norm(view)
+        keep = np.argsort(((points - view) ** 2).sum(1))[:num_points]
+        clouds.append((points[keep], normals[keep].astype(np.float32)))
     return clouds, labels
 
 
