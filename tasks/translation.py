@@ -144,7 +144,7 @@ class Translation(Task):
     def folder(self) -> Path:
         d = self.data
         if d.source == "tiny":
-            return tiny_corpus(cache_root(), (d.train_size, d.valid_size, d.test_size))
+            return tiny_corpus(cache_root(), (d.train_size, d.valid_size, d.test_size), d.tgt_lang)
         return Path(self.data_root or ".") / d.dataset_dir
 
     def check_data(self) -> None:
@@ -231,16 +231,16 @@ class Translation(Task):
         return TranslationDataModule(self.corpus, self.config.optim.batch_size, self.config.trainer.num_workers, seed)
 
 
-_TINY = "English->German sentences built from num2words and Babel (numbers, dates, countries, languages)"
+_TINY = "English->{} sentences built from num2words and Babel (numbers, dates, countries, languages)"
 
 
 @register_task
 class WMT14EnDe(Translation):
     name = "wmt14-en-de"
-    tiny_standin = _TINY
+    tiny_standin = _TINY.format("German")
 
 
 @register_task
 class WMT14EnFr(Translation):
     name = "wmt14-en-fr"
-    tiny_standin = _TINY
+    tiny_standin = _TINY.format("French")

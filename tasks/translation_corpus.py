@@ -37,10 +37,10 @@ class Lexicon:
 
 
 @cache
-def lexicon() -> Lexicon:
+def lexicon(tgt: str = "de") -> Lexicon:
     from babel import Locale
 
-    en, de = Locale("en"), Locale("de")
+    en, de = Locale("en"), Locale(tgt)
 
     def aligned(a: dict, b: dict, keep: Callable[[str], bool]) -> list[Pair]:
         # Single-token-ish names keep sentences short; sorted keys keep the order stable.
@@ -57,27 +57,29 @@ def lexicon() -> Lexicon:
     return Lexicon(countries, languages, currencies, weekdays)
 
 
-def number(value: int) -> Pair:
+def number(value: int, tgt: str = "de") -> Pair:
     from num2words import num2words
 
-    return num2words(value, lang="en"), num2words(value, lang="de")
+    return num2words(value, lang="en"), num2words(value, lang=tgt)
 
 
-def date(day: datetime.date) -> Pair:
+def date(day: datetime.date, tgt: str = "de") -> Pair:
     from babel.dates import format_date
 
-    return format_date(day, "long", locale="en"), format_date(day, "long", locale="de")
+    return format_date(day, "long", locale="en"), format_date(day, "long", locale=tgt)
 
 
-def _draw(rng: random.Random, lex: Lexicon) -> Pair:
-    """One sentence pair from a randomly chosen frame (English, German)."""
+def _draw(rng: random.Random, lex: Lexicon, tgt: str = "de") -> Pair:
+    """One sentence pair from a randomly chosen frame (English, target language)."""
     country = rng.choice(lex.countries)
     language = rng.choice(lex.languages)
     currency = rng.choice(lex.currencies)
     weekday = rng.choice(lex.weekdays)
-    n = number(rng.randint(2, 999))
-    day = date(datetime.date(2000, 1, 1) + datetime.timedelta(days=rng.randrange(365 * 30)))
+    n = number(rng.randint(2, 999), tgt)
+    day = date(datetime.date(2000, 1, 1) + datetime.timedelta(days=rng.randrange(365 * 30)), tgt)
     frame = rng.randrange(7)
+    if tgt == "fr":
+        return _french(frame, country, language, currency, weekday, n, day)
     if frame == 0:  # fronted adverbial -> verb second
         return f"On {weekday[0]} we fly to {country[0]}.", f"Am {weekday[1]} fliegen wir nach {country[1]}."
     if frame == 1:  # subordinate clause -> verb final
@@ -102,10 +104,34 @@ def _draw(rng: random.Random, lex: Lexicon) -> Pair:
     )
 
 
-def build_pairs(count: int, seed: int) -> list[Pair]:
+def _french(frame: int, country: Pair, language: Pair, currency: Pair, weekday: Pair, n: Pair, day: Pair) -> Pair:
+    """The same frames in French: closer to English word order, but the noun-adjective
+    order of Babel's names ("dollar américain") and the date order still differ."""
+    if frame == 0:
+        return f"On {weekday[0]} we fly to {country[0]}.", f"Le {weekday[1]}, nous partons pour {country[1]}."
+    if frame == 1:
+        return f"I know that she speaks {language[0]}.", f"Je sais qu'elle parle {language[1]}."
+    if frame == 2:
+        return f"The price is {n[0]} {currency[0]}.", f"Le prix est de {n[1]} {currency[1]}."
+    if frame == 3:
+        return f"The meeting takes place on {day[0]}.", f"La réunion a lieu le {day[1]}."
+    if frame == 4:
+        return (
+            f"{n[0].capitalize()} people live in {country[0]}.",
+            f"{n[1].capitalize()} personnes vivent ici : {country[1]}.",
+        )
+    if frame == 5:
+        return f"Yesterday I saw {n[0]} birds in {country[0]}.", f"Hier, j'ai vu {n[1]} oiseaux ici : {country[1]}."
+    return f"They paid {n[0]} {currency[0]} on {day[0]}.", f"Le {day[1]}, ils ont payé {n[1]} {currency[1]}."
+
+
+def build_pairs(count: int, seed: int, tgt: str = "de") -> list[Pair]:
+    """``count`` English->``tgt`` pairs ("de" or "fr") from one seeded RNG."""
+    if tgt not in ("de", "fr"):
+        raise ValueError(f"the tiny corpus has English->German and English->French frames, not {tgt!r}")
     rng = random.Random(seed)
-    lex = lexicon()
-    return [_draw(rng, lex) for _ in range(count)]
+    lex = lexicon(tgt)
+    return [_draw(rng, lex, tgt) for _ in range(count)]
 
 
 def _lower_first(text: str) -> str:
@@ -145,21 +171,21 @@ def write_split(folder: Path, split: str, pairs: Sequence[Pair], src_lang: str, 
         tmp.replace(path)  # atomic: a concurrent run never reads half a file
 
 
-def tiny_corpus(cache_root: Path, sizes: tuple[int, int, int]) -> Path:
-    """Build (once) and return a folder with train/valid/test.{en,de} for the given sizes."""
+def tiny_corpus(cache_root: Path, sizes: tuple[int, int, int], tgt: str = "de") -> Path:
+    """Build (once) and return a folder with train/valid/test.{en,tgt} for the given sizes."""
     import babel
     import num2words
 
     # The key changes with the sizes and the resource versions, never silently reused.
-    meta = {"sizes": list(sizes), "babel": babel.__version__, "num2words": _version(num2words), "v": 1}
+    meta = {"sizes": list(sizes), "babel": babel.__version__, "num2words": _version(num2words), "v": 1, "tgt": tgt}
     key = hashlib.sha1(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:12]
-    folder = cache_root / "translation" / f"tiny-en-de-{key}"
+    folder = cache_root / "translation" / f"tiny-en-{tgt}-{key}"
     if (folder / "meta.json").exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     # Separate seeds per split: validation and test sentences are fresh draws.
     for split, count, seed in zip(("train", "valid", "test"), sizes, (11, 12, 13), strict=True):
-        write_split(folder, split, build_pairs(count, seed), "en", "de")
+        write_split(folder, split, build_pairs(count, seed, tgt), "en", tgt)
     (folder / "meta.json").write_text(json.dumps(meta))
     return folder
 

@@ -42,6 +42,20 @@ def test_missing_dataset_names_path_and_layout(tmp_path: Path) -> None:
     assert "train.de" in message and "statmt.org" in message
 
 
+def test_paper_profile_checks_the_data_root_before_training(tmp_path: Path) -> None:
+    from pe_bench.harness.config import load_run_config
+    from pe_bench.tasks import get_task
+
+    task = get_task("wmt14-en-fr")(load_run_config("wmt14-en-fr", "paper"), tmp_path)
+    with pytest.raises(DatasetMissingError, match="wmt14_en_fr lacks train.en, train.fr"):
+        task.check_data()
+
+
+def test_tiny_french_corpus() -> None:
+    pairs = build_pairs(20, seed=1, tgt="fr")
+    assert all(fr and fr != en for en, fr in pairs)
+
+
 def test_misaligned_files_are_reported(tmp_path: Path) -> None:
     write_corpus(tmp_path, [("a", "b")])
     (tmp_path / "train.de").write_text("b\nc\n")
@@ -188,10 +202,14 @@ def test_bleu_on_known_strings() -> None:
 
 
 # -- end to end ------------------------------------------------------------------------------
-def test_tiny_cell_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tiny_cell_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     from pe_bench.harness.cli import main
 
     monkeypatch.setenv("PE_BENCH_CACHE", str(tmp_path / "cache"))
+    # Small models on a shared CPU run many times faster on one thread (no OpenMP spinning).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
     out = tmp_path / "results"
     args = [
         "run",
