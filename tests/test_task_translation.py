@@ -236,3 +236,16 @@ def test_tiny_cell_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, r
     assert record["status"] == "ok", record.get("reason")
     assert (cell / "position_nll.csv").read_text().startswith("position,mean_nll,count")
     assert (cell / "position_nll.png").stat().st_size > 0
+
+
+def test_figure_overlays_methods(tmp_path: Path) -> None:
+    from pe_bench.tasks.translation_figure import plot, read_curves
+
+    for method, level in (("rope", 1.0), ("cape", 2.0)):
+        cell = tmp_path / "runs" / "wmt14-en-de" / method / "seed0"
+        cell.mkdir(parents=True)
+        rows = "".join(f"{i},{level + 0.01 * i},3\n" for i in range(30))
+        (cell / "position_nll.csv").write_text("position,mean_nll,count\n" + rows)
+    curves = read_curves(tmp_path, "wmt14-en-de")
+    assert sorted(curves) == ["cape", "rope"] and len(curves["rope"][0]) == 30
+    assert plot(tmp_path, "wmt14-en-de", train_max=10).stat().st_size > 0
