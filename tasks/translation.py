@@ -14,7 +14,6 @@ sacrebleu and the per-position loss on stacked test sentences (:mod:`.translatio
 from __future__ import annotations
 
 import os
-import random
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -227,7 +226,6 @@ class Translation(Task):
         )
 
     def datamodule(self, seed: int) -> TranslationDataModule:
-        random.seed(seed)
         return TranslationDataModule(self.corpus, self.config.optim.batch_size, self.config.trainer.num_workers, seed)
 
 
