@@ -18,6 +18,20 @@ from pe_bench.harness.blocks import TransformerEncoder
 from pe_bench.harness.config import ModelConfig
 
 
+def classification_head(dim: int, num_classes: int, head_init: str) -> nn.Linear:
+    """Linear head; "zero" (PaPE Appendix E) starts from uniform class probabilities."""
+    head = nn.Linear(dim, num_classes)
+    if head_init == "zero":
+        nn.init.zeros_(head.weight)
+        nn.init.constant_(head.bias, -math.log(num_classes))
+    return head
+
+
+def prepend_token(token: Tensor, tokens: Tensor) -> Tensor:
+    """(1, 1, D) learned token (CLS) in front of every sequence of (B, N, D) tokens."""
+    return torch.cat([token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
+
+
 class ViT(nn.Module):
     def __init__(
         self,
@@ -43,16 +57,13 @@ class ViT(nn.Module):
         self.encoder = TransformerEncoder(
             model.dim, model.depth, model.num_heads, self.encoding, model.mlp_ratio, model.drop_path, model.dropout
         )
-        self.head = nn.Linear(model.dim, num_classes)
-        if model.head_init == "zero":
-            nn.init.zeros_(self.head.weight)
-            nn.init.constant_(self.head.bias, -math.log(num_classes))
+        self.head = classification_head(model.dim, num_classes, model.head_init)
         self.position_scale = 1.0
 
     def forward(self, images: Tensor) -> Tensor:
         tokens = self.patch_embed(images)
         grid = tuple(tokens.shape[2:])
         tokens = tokens.flatten(2).transpose(1, 2)
-        x = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
+        x = prepend_token(self.cls_token, tokens)
         layout = PositionLayout.grid(x.shape[0], grid, 1, device=x.device, scale=self.position_scale)
         return self.head(self.encoder(x, layout)[:, 0])
