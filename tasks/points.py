@@ -104,7 +104,7 @@ class PointTask(Task):
         from pe_bench.harness.config import load_run_config
 
         rows = ["| profile | points | parameters | forward (s) |", "|---|---:|---:|---:|"]
-        for profile in ("tiny", "paper"):
+        for profile in _BENCH_PROFILES:
             task = cls(load_run_config(cls.name, profile))
             torch.manual_seed(0)
             model = task.backbone("nopos", {}).eval().to(device)
@@ -126,6 +126,7 @@ class PointTask(Task):
 
 
 _BENCH_SIZES = (10_000, 100_000)
+_BENCH_PROFILES = ("tiny", "paper")
 
 
 def _sync(device: str) -> None:

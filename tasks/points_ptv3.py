@@ -245,28 +245,32 @@ class PTv3(nn.Module):
         self.mode = mode
         scale = cfg.position_scale if cfg.position_scale is not None else 1.0 / grid_size
         self.geometry = points_geometry(grid_size, scale)
-        depths = list(cfg.enc_depths) + (list(cfg.dec_depths) if mode == "seg" else [])
-        rates = torch.linspace(0, drop_path, sum(depths)).tolist() if sum(depths) > 1 else [drop_path] * sum(depths)
+        # PTv3's stochastic depth: 0 -> drop_path over the encoder blocks, and separately over
+        # the decoder blocks with the deepest decoder stage getting the largest rates.
+        enc_rates = _linspace(drop_path, sum(cfg.enc_depths))
+        dec_rates = _linspace(drop_path, sum(cfg.dec_depths))
 
-        def stage(dim: int, heads: int, depth: int, first: int) -> Stage:
+        def stage(dim: int, heads: int, depth: int, rates: list[float]) -> Stage:
             encoding = build(method, self.geometry, dim, heads, max(depth, 1), method_options)
-            return Stage(encoding, dim, heads, depth, rates[first : first + depth], cfg, mlp_ratio, patch_size, scale)
+            return Stage(encoding, dim, heads, depth, rates, cfg, mlp_ratio, patch_size, scale)
 
         ch, heads = cfg.enc_channels, cfg.enc_num_head
         self.stem = Stem(in_channels, ch[0], cfg.stem_kernel, cfg.conv_backend)
         self.pools = nn.ModuleList(Pooling(ch[s - 1], ch[s], cfg.stride) for s in range(1, len(ch)))
-        starts = [sum(cfg.enc_depths[:s]) for s in range(len(ch))]
-        self.enc = nn.ModuleList(stage(ch[s], heads[s], cfg.enc_depths[s], starts[s]) for s in range(len(ch)))
+        ed = cfg.enc_depths
+        self.enc = nn.ModuleList(
+            stage(ch[s], heads[s], ed[s], enc_rates[sum(ed[:s]) : sum(ed[: s + 1])]) for s in range(len(ch))
+        )
         self.out_channels = ch[-1]
         if mode == "seg":
             dch, dheads, ddepths = cfg.dec_channels, cfg.dec_num_head, cfg.dec_depths
-            # PTv3 drop path: the decoder's rates run from the deepest stage outwards.
-            offset = sum(cfg.enc_depths)
-            dstart = {s: offset + sum(ddepths[s + 1 :]) for s in range(len(dch))}
             self.unpools = nn.ModuleList(
                 Unpooling(dch[s + 1] if s + 1 < len(dch) else ch[-1], ch[s], dch[s]) for s in range(len(dch))
             )
-            self.dec = nn.ModuleList(stage(dch[s], dheads[s], ddepths[s], dstart[s]) for s in range(len(dch)))
+            self.dec = nn.ModuleList(
+                stage(dch[s], dheads[s], ddepths[s], dec_rates[sum(ddepths[:s]) : sum(ddepths[: s + 1])][::-1])
+                for s in range(len(dch))
+            )
             self.out_channels = dch[0]
 
     def forward(self, points: PointBatch) -> Tensor:
@@ -282,6 +286,10 @@ class PTv3(nn.Module):
         for s in reversed(range(len(self.dec))):
             points = self.dec[s](self.unpools[s](points, skips[s], clusters[s]))
         return points.feat
+
+
+def _linspace(end: float, count: int) -> list[float]:
+    return torch.linspace(0, end, count).tolist() if count > 1 else [end] * count
 
 
 def points_geometry(grid_size: float, position_scale: float) -> Geometry:

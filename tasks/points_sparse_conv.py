@@ -26,11 +26,11 @@ from torch import Tensor, nn
 
 #: coordinates are shifted by this before packing into a key, so offsets of -K/2 stay >= 0
 _MARGIN = 8
-_AXIS_BITS = 20  # 2^20 voxels per axis: 20 km at 2 cm, far beyond any scene
+_AXIS_BITS = 16  # 65536 voxels per axis (655 m at 1 cm); leaves 15 bits for the batch index
 
 
 def voxel_keys(grid_coord: Tensor, batch: Tensor) -> Tensor:
-    """One int64 per voxel: batch index in the high bits, then x, y, z (20 bits each)."""
+    """One int64 per voxel: batch index in the high bits, then x, y, z (16 bits each)."""
     c = grid_coord.long() + _MARGIN
     return (((batch.long() << _AXIS_BITS | c[:, 0]) << _AXIS_BITS | c[:, 1]) << _AXIS_BITS) | c[:, 2]
 
@@ -47,6 +47,10 @@ def neighbour_table(grid_coord: Tensor, batch: Tensor, kernel_size: int) -> Tens
     Voxels must be unique per batch element (grid sampling guarantees it).
     """
     n = grid_coord.shape[0]
+    if n and (int(grid_coord.max()) + _MARGIN + kernel_size >= 1 << _AXIS_BITS or int(batch.max()) >= 1 << 15):
+        raise ValueError(
+            f"sparse conv keys hold grid coordinates below {(1 << _AXIS_BITS) - 2 * _MARGIN} and 32768 samples"
+        )
     keys = voxel_keys(grid_coord, batch)
     sorted_keys, order = torch.sort(keys)
     offsets = kernel_offsets(kernel_size, grid_coord.device)

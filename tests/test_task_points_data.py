@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from pe_bench.harness import store
 from pe_bench.harness.cli import main
@@ -135,6 +134,6 @@ def test_benchmark_hook_reports_both_sizes(monkeypatch):
     from pe_bench.tasks import points
 
     monkeypatch.setattr(points, "_BENCH_SIZES", (300, 600))
+    monkeypatch.setattr(points, "_BENCH_PROFILES", ("tiny",))  # the paper backbone takes long to build
     report = get_task("modelnet40").benchmark("cpu")
     assert "| 300 |" in report and "| 600 |" in report
-    assert torch.get_num_threads() >= 1

@@ -11,7 +11,7 @@ from pe_bench.harness.blocks import EncoderBlock
 from pe_bench.tasks.points_grouping import grid_pool, grid_unpool, make_patches, segment_reduce
 from pe_bench.tasks.points_ptv3 import points_geometry
 from pe_bench.tasks.points_serialization import ORDERS, encode, serialize
-from pe_bench.tasks.points_sparse_conv import SubMConv3d, spconv_available
+from pe_bench.tasks.points_sparse_conv import SubMConv3d, neighbour_table, spconv_available
 
 
 def sparse_grid(batch: int, side: int, fill: float, seed: int = 0):
@@ -138,3 +138,12 @@ def test_padding_slots_change_nothing(method):
         layout = PositionLayout(patches.gather(pos), patches.valid, patches.valid)
         outs.append(patches.scatter(block(garbage, layout)))
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+
+
+def test_neighbours_never_cross_batch_elements_even_for_large_batches():
+    grid_coord, _, _ = sparse_grid(1, 4, 0.6)
+    batch = torch.arange(40).repeat_interleave(len(grid_coord))  # 40 identical samples
+    table = neighbour_table(grid_coord.repeat(40, 1), batch, 3)
+    found = table < len(batch)
+    assert torch.equal(batch[table[found]], batch[:, None].expand_as(table)[found])
+    assert torch.equal(found[: len(grid_coord)].repeat(40, 1), found)
