@@ -204,7 +204,12 @@ def tokenizer_throughput(events: int = 2_000_000, repeats: int = 3, seed: int = 
         tokens = tokenizer(x, y, t, p)
         best_spikes = min(best_spikes, middle - start)
         best_full = min(best_full, time.perf_counter() - middle)
-    return {"events": events, "tokens": len(tokens), "spikes_per_s": events / best_spikes, "full_per_s": events / best_full}
+    return {
+        "events": events,
+        "tokens": len(tokens),
+        "spikes_per_s": events / best_spikes,
+        "full_per_s": events / best_full,
+    }
 
 
 @register_task

@@ -72,13 +72,17 @@ def write_aedat31(path: Path, x: np.ndarray, y: np.ndarray, t: np.ndarray, p: np
     """Write polarity events as AEDAT 3.1 (for fixtures and tests)."""
     header = b"#!AER-DAT3.1\r\n#Format: RAW\r\n#Source 1: DVS128\r\n" + HEADER_END
     chunks = [header]
-    for start in range(0, len(t), packet):
-        sl = slice(start, start + packet)
-        n = len(t[sl])
-        overflow = int(t[sl][0]) >> 31 if n else 0
+    t = np.asarray(t, dtype=np.int64)
+    # A packet has one overflow value (the bits above 31): split where it changes, then by size.
+    cuts = np.flatnonzero(np.diff(t >> 31)) + 1
+    bounds = sorted({0, len(t), *cuts.tolist(), *range(0, len(t), packet)})
+    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+        sl = slice(start, stop)
+        n = stop - start
+        overflow = int(t[start]) >> 31
         word = (x[sl].astype(np.uint32) << 17) | (y[sl].astype(np.uint32) << 2)
         word |= p[sl].astype(np.uint32) << 1 | 1
-        stamp = (t[sl].astype(np.int64) - (overflow << 31)).astype(np.uint32)
+        stamp = (t[sl] - (overflow << 31)).astype(np.uint32)
         chunks.append(_PACKET.pack(POLARITY_EVENT, 1, 8, 4, overflow, n, n, n))
         chunks.append(np.stack([word, stamp], axis=-1).astype("<u4").tobytes())
     Path(path).write_bytes(b"".join(chunks))
@@ -86,7 +90,9 @@ def write_aedat31(path: Path, x: np.ndarray, y: np.ndarray, t: np.ndarray, p: np
 
 def dvsgesture_root(root: Path) -> Path:
     release = root / RELEASE_DIR
-    missing = [str(release / f"trials_to_{s}.txt") for s in ("train", "test") if not (release / f"trials_to_{s}.txt").exists()]
+    missing = [
+        str(release / f"trials_to_{s}.txt") for s in ("train", "test") if not (release / f"trials_to_{s}.txt").exists()
+    ]
     if missing:
         raise DatasetMissingError(
             f"DvsGesture not found: missing {', '.join(missing)}.\n"
@@ -106,7 +112,9 @@ def dvsgesture_samples(release: Path, split: str) -> list[tuple[Path, int, int, 
         recording = release / name
         labels = release / f"{recording.stem}_labels.csv"
         if not recording.exists() or not labels.exists():
-            raise DatasetMissingError(f"DvsGesture: {recording} or {labels} is missing (listed in trials_to_{split}.txt)")
+            raise DatasetMissingError(
+                f"DvsGesture: {recording} or {labels} is missing (listed in trials_to_{split}.txt)"
+            )
         user = int(recording.stem.split("_")[0].removeprefix("user"))
         for line in labels.read_text().split("\n")[1:]:
             if line.strip():

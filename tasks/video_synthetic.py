@@ -56,5 +56,7 @@ def motion_clips(
         for k in range(steps):
             frames = slice(k * tubelet, (k + 1) * tubelet)
             for r, c in cells[k]:
-                clips[i, :, frames, r * patch : (r + 1) * patch, c * patch : (c + 1) * patch] += (colour * disk)[:, None]
+                clips[i, :, frames, r * patch : (r + 1) * patch, c * patch : (c + 1) * patch] += (colour * disk)[
+                    :, None
+                ]
     return torch.from_numpy(clips), torch.from_numpy(labels.astype(np.int64))
