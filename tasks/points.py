@@ -150,7 +150,7 @@ def _random_scene(n: int, grid_size: float, channels: int, device: str) -> Point
 class ModelNet40(PointTask):
     name = "modelnet40"
     mode = "cls"
-    tiny_standin = "generated shapes (8 solids, random vertical rotation, stretch, scale, shift, jitter)"
+    tiny_standin = "generated shapes (8 solids seen from one side, random heading, stretch, scale, shift, jitter)"
 
     def build_model(self, method: str, options: dict[str, Any]) -> nn.Module:
         return PointClassifier(self.backbone(method, options), self.data.num_classes)
