@@ -31,7 +31,7 @@ MODELS: dict[str, tuple[ModelConfig, int]] = {
     # name: (config, image size)
     "vit-b": (ModelConfig(dim=768, depth=12, num_heads=12, patch_size=16), 224),
     "vit-s": (ModelConfig(dim=384, depth=12, num_heads=6, patch_size=16), 224),
-    "tiny": (ModelConfig(dim=64, depth=4, num_heads=4, mlp_ratio=2.0, patch_size=4), 32),
+    "tiny": (ModelConfig(dim=64, depth=4, num_heads=4, mlp_ratio=2.0, patch_size=4), 24),  # the tiny profile
 }
 
 
@@ -84,6 +84,7 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
                 _sync(spec.device)
                 times[method].append((time.perf_counter() - start) * 1000)
     base = statistics.median(times["nopos"])
+    memory = {m: vit_peak_memory(m, spec) for m in methods}
     rows = []
     for method in methods:
         median = statistics.median(times[method])
@@ -92,11 +93,50 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
                 "method": method,
                 "forward_ms": round(median, 2),
                 "vs_nopos": round(median / base, 3),
+                "peak_mib": memory[method],
+                "mem_vs_nopos": None if not memory["nopos"] else round(memory[method] / memory["nopos"], 3),
                 "pos_params": _positional_parameters(models[method]),
                 "params": sum(p.numel() for p in models[method].parameters()),
             }
         )
     return pd.DataFrame(rows).set_index("method")
+
+
+def vit_peak_memory(method: str, spec: BenchSpec) -> float | None:
+    """Peak memory (MiB) of one inference forward of the whole ViT: CUDA allocator peak, or on
+    CPU the peak-RSS growth in a fresh subprocess (weights and input excluded)."""
+    if spec.device.startswith("cuda"):
+        model, size = _build_vit(method, spec)
+        images = torch.randn(spec.batch, 3, size, size, device=spec.device)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+            model(images)
+        torch.cuda.synchronize()
+        return round((torch.cuda.max_memory_allocated() - start) / 2**20, 1)
+    args = f"{method!r}, {spec.model!r}, {spec.batch}, {spec.image_size!r}"
+    result = _in_subprocess(f"from pe_bench.harness.bench import _vit_memory_child as f; print(f({args}))")
+    return None if result is None else round(float(result), 1)
+
+
+def _vit_memory_child(method: str, model_name: str, batch: int, image_size: int | None) -> float:
+    torch.set_num_threads(1)
+    spec = BenchSpec(model=model_name, batch=batch, image_size=image_size)
+    model, size = _build_vit(method, spec)
+    images = torch.randn(batch, 3, size, size)
+    with torch.inference_mode():
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        model(images)
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return (after - before) / 1024
+
+
+def _in_subprocess(code: str) -> str | None:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return None
+    return proc.stdout.strip().splitlines()[-1]
 
 
 def _attention_layer(method: str, tokens: int, dim: int, heads: int) -> tuple[Attention, torch.Tensor, PositionLayout]:
@@ -131,15 +171,12 @@ def sweep_table(methods: list[str], token_counts: list[int], dim: int = 768, hea
     for tokens in token_counts:
         for method in methods:
             code = (
-                "import json,sys; from pe_bench.harness.bench import _peak_memory_child as f;"
+                "import json; from pe_bench.harness.bench import _peak_memory_child as f;"
                 f"print(json.dumps(f({method!r}, {tokens}, {dim}, {heads})))"
             )
-            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-            if proc.returncode != 0:
-                reason = (proc.stderr.strip().splitlines() or ["?"])[-1]
-                rows.append({"tokens": tokens, "method": method, "peak_mib": None, "ms": None, "error": reason})
-                continue
-            rows.append({"tokens": tokens, "method": method, **json.loads(proc.stdout.strip().splitlines()[-1])})
+            result = _in_subprocess(code)
+            measured = {"peak_mib": None, "ms": None} if result is None else json.loads(result)
+            rows.append({"tokens": tokens, "method": method, **measured})
     frame = pd.DataFrame(rows)
     return frame.pivot(index="tokens", columns="method", values=["peak_mib", "ms"]).round(1)
 
