@@ -34,8 +34,10 @@ def configure_optimizer(module: L.LightningModule, optim: OptimConfig) -> dict:
     groups = parameter_groups(module.model, optim.weight_decay)
     opt_cls = torch.optim.AdamW if optim.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(groups, lr=optim.lr, betas=optim.betas)
-    total = max(int(module.trainer.estimated_stepping_batches), 1)
-    warmup = min(max(optim.warmup_epochs / max(optim.epochs, 1), 1e-3), 0.5)
+    # OneCycle needs a warm-up phase of more than one step and a decay phase after it; very
+    # short runs (tests, smoke runs) are padded to 3 scheduled steps (a run may stop earlier).
+    total = max(int(module.trainer.estimated_stepping_batches), 3)
+    warmup = min(max(optim.warmup_epochs / max(optim.epochs, 1), 1.5 / total), 0.5)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=optim.lr, total_steps=total, pct_start=warmup, anneal_strategy="cos"
     )

@@ -10,14 +10,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from pe_bench.adapters import Geometry
 from pe_bench.harness.config import Strict
+from pe_bench.harness.data import SplitDataModule
 from pe_bench.harness.lit import ClassificationModule
 
 from .base import Task, register_task
@@ -154,18 +154,14 @@ def cifar_root(data_root: Path | None, data: ImageDataConfig) -> Path:
     return root
 
 
-class ImageDataModule(L.LightningDataModule):
+class ImageDataModule(SplitDataModule):
     def __init__(
         self, data: ImageDataConfig, patch: int, batch_size: int, num_workers: int, seed: int, data_root: Path | None
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size, num_workers, seed)
         self.data = data
         self.patch = patch
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.seed = seed
         self.data_root = data_root
-        self.splits: dict[str, Dataset] = {}
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
@@ -221,30 +217,6 @@ class ImageDataModule(L.LightningDataModule):
         cls = CIFAR10 if data.source == "cifar10" else CIFAR100
         transform = _transforms(data, False, CIFAR_MEAN, CIFAR_STD, (height, width))
         return _Transformed(cls(str(cifar_root(self.data_root, data)), train=False, download=False), None, transform)
-
-    def loader(self, dataset: Dataset) -> DataLoader:
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(
-            self.splits[split],
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            drop_last=shuffle,
-            num_workers=self.num_workers,
-            generator=generator,
-            persistent_workers=self.num_workers > 0,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False)
 
 
 class ImageClassification(Task):

@@ -1,0 +1,47 @@
+"""A LightningDataModule over ready-made train/val/test splits, shared by every task.
+
+Tasks fill ``splits`` in ``setup`` and, for variable-size samples, set ``collate_fn``;
+shuffling is seeded per cell so that a cell is reproducible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class SplitDataModule(L.LightningDataModule):
+    collate_fn: Callable[[list[Any]], Any] | None = None
+
+    def __init__(self, batch_size: int, num_workers: int, seed: int) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.seed = seed
+        self.splits: dict[str, Dataset] = {}
+
+    def loader(self, dataset: Dataset, shuffle: bool = False) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            # A last partial batch is dropped in training only, and only if it is not the sole one.
+            drop_last=shuffle and len(dataset) > self.batch_size,
+            num_workers=self.num_workers,
+            collate_fn=self.collate_fn,
+            generator=torch.Generator().manual_seed(self.seed),
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader(self.splits["train"], shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader(self.splits["val"])
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader(self.splits["test"])
