@@ -12,14 +12,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 import numpy as np
-import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import Dataset, get_worker_info
 
 from pe_bench.adapters import Geometry
 from pe_bench.harness.config import Strict
+from pe_bench.harness.data import SplitDataModule
 from pe_bench.harness.lit import ClassificationModule
 
 from .base import Task, register_task
@@ -116,14 +115,14 @@ def _recording(path: Path) -> Stream:
     return read_aedat31(path)
 
 
-class EventDataModule(L.LightningDataModule):
+class EventDataModule(SplitDataModule):
+    collate_fn = staticmethod(collate_tokens)
+
     def __init__(
         self, data: EventDataConfig, patch: int, batch_size: int, num_workers: int, seed: int, data_root: Path | None
     ) -> None:
-        super().__init__()
-        self.data, self.patch, self.batch_size = data, patch, batch_size
-        self.num_workers, self.seed, self.data_root = num_workers, seed, data_root
-        self.splits: dict[str, Dataset] = {}
+        super().__init__(batch_size, num_workers, seed)
+        self.data, self.patch, self.data_root = data, patch, data_root
 
     def tokenizer(self) -> SpikingPatches:
         d = self.data
@@ -163,27 +162,6 @@ class EventDataModule(L.LightningDataModule):
             aug = augmentation if name == "train" else None
             labels = [s[1] for s in samples]
             self.splits[name] = EventTokenDataset(load, labels, self.tokenizer(), d.max_tokens, aug, self.seed)
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            self.splits[split],
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            drop_last=shuffle,
-            num_workers=self.num_workers,
-            collate_fn=collate_tokens,
-            generator=torch.Generator().manual_seed(self.seed),
-            persistent_workers=self.num_workers > 0,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False)
 
 
 def tokenizer_throughput(events: int = 2_000_000, repeats: int = 3, seed: int = 0) -> dict[str, float]:

@@ -19,14 +19,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from pe_bench.adapters import Geometry
 from pe_bench.harness.config import Strict
+from pe_bench.harness.data import SplitDataModule
 
 from .base import Task, register_task
 from .translation_corpus import stack_pairs, tiny_corpus
@@ -99,34 +99,18 @@ def collate(items: list[tuple[list[int], list[int], str, str]]) -> dict[str, Any
     }
 
 
-class TranslationDataModule(L.LightningDataModule):
+class TranslationDataModule(SplitDataModule):
+    collate_fn = staticmethod(collate)
+
     def __init__(self, corpus: PreparedCorpus, batch_size: int, num_workers: int, seed: int) -> None:
-        super().__init__()
+        super().__init__(batch_size, num_workers, seed)
         self.corpus = corpus
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.seed = seed
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            ParallelDataset(self.corpus.splits[split]),
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            drop_last=shuffle,
-            num_workers=self.num_workers,
-            collate_fn=collate,
-            generator=torch.Generator().manual_seed(self.seed),
-            persistent_workers=self.num_workers > 0,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("valid", False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False)
+        # The corpus names its validation split "valid" (WMT's file names).
+        self.splits = {
+            "train": ParallelDataset(corpus.splits["train"]),
+            "val": ParallelDataset(corpus.splits["valid"]),
+            "test": ParallelDataset(corpus.splits["test"]),
+        }
 
 
 class Translation(Task):

@@ -12,14 +12,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from pe_bench.adapters import Geometry
 from pe_bench.harness.config import Strict
+from pe_bench.harness.data import SplitDataModule
 from pe_bench.harness.lit import ClassificationModule
 
 from .base import Task, register_task
@@ -120,14 +120,14 @@ def ucf101_fold(data: VideoDataConfig, seed: int) -> int:
     return seed % 3 + 1 if data.fold == "seed" else int(data.fold)
 
 
-class VideoDataModule(L.LightningDataModule):
+class VideoDataModule(SplitDataModule):
+    collate_fn = staticmethod(collate_videos)
+
     def __init__(
         self, data: VideoDataConfig, patch: int, batch_size: int, num_workers: int, seed: int, data_root: Path | None
     ) -> None:
-        super().__init__()
-        self.data, self.patch, self.batch_size = data, patch, batch_size
-        self.num_workers, self.seed, self.data_root = num_workers, seed, data_root
-        self.splits: dict[str, Dataset] = {}
+        super().__init__(batch_size, num_workers, seed)
+        self.data, self.patch, self.data_root = data, patch, data_root
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
@@ -139,27 +139,6 @@ class VideoDataModule(L.LightningDataModule):
         root = ucf101_root(Path(self.data_root or ".") / self.data.dataset_dir, fold)
         items = ucf101_splits(root, fold)
         self.splits = {name: UCF101Clips(items[name], self.data, name == "train") for name in items}
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            self.splits[split],
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            drop_last=shuffle,
-            num_workers=self.num_workers,
-            collate_fn=collate_videos,
-            generator=torch.Generator().manual_seed(self.seed),
-            persistent_workers=self.num_workers > 0,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False)
 
 
 @register_task
