@@ -165,11 +165,30 @@ def _peak_memory_child(method: str, tokens: int, dim: int, heads: int) -> dict:
     return {"peak_mib": (after - before) / 1024, "ms": elapsed * 1000}
 
 
+EXPLICIT_BUDGET = 4 * 2**30
+
+
+def _explicit_pape_bytes(method: str, tokens: int, heads: int) -> float:
+    from .methods import parse_method
+
+    spec = parse_method(method)
+    options = dict(spec.options)
+    if not spec.name.startswith("pape") or options.get("form") != "explicit":
+        return 0.0
+    m = options.get("m", 50)
+    return 4.0 * tokens * tokens * heads * (m + 2)
+
+
 def sweep_table(methods: list[str], token_counts: list[int], dim: int = 768, heads: int = 12) -> pd.DataFrame:
     """Time and peak memory of one attention layer as the token count grows."""
     rows = []
     for tokens in token_counts:
         for method in methods:
+            if _explicit_pape_bytes(method, tokens, heads) > EXPLICIT_BUDGET:
+                # The explicit Eq. 9 bias holds a (B, H, N, N, m) tensor: past a few GiB it would
+                # only exhaust the machine; the row shows where the efficient form keeps going.
+                rows.append({"tokens": tokens, "method": method, "peak_mib": None, "ms": None})
+                continue
             code = (
                 "import json; from pe_bench.harness.bench import _peak_memory_child as f;"
                 f"print(json.dumps(f({method!r}, {tokens}, {dim}, {heads})))"
