@@ -120,16 +120,21 @@ def vit_peak_memory(method: str, spec: BenchSpec) -> float | None:
     return None if result is None else round(float(result), 1)
 
 
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _vit_memory_child(method: str, model_name: str, batch: int, image_size: int | None) -> float:
+    """Peak RSS of building the model and running one forward, above the bare torch process.
+    (Measured from the start: freed pages are reused, so a delta around the forward alone
+    would hide everything below the high-water mark that construction left.)"""
     torch.set_num_threads(1)
+    baseline = _peak_rss_mib()
     spec = BenchSpec(model=model_name, batch=batch, image_size=image_size)
     model, size = _build_vit(method, spec)
-    images = torch.randn(batch, 3, size, size)
     with torch.inference_mode():
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        model(images)
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return (after - before) / 1024
+        model(torch.randn(batch, 3, size, size))
+    return _peak_rss_mib() - baseline
 
 
 def _in_subprocess(code: str) -> str | None:
@@ -153,16 +158,16 @@ def _attention_layer(method: str, tokens: int, dim: int, heads: int) -> tuple[At
 
 
 def _peak_memory_child(method: str, tokens: int, dim: int, heads: int) -> dict:
-    """Runs in a subprocess: peak-RSS growth (MiB) and time of one attention forward."""
+    """Runs in a subprocess: peak RSS (MiB) above the bare torch process, and the time, of
+    building one attention layer with its inputs and running one forward."""
     torch.set_num_threads(1)
+    baseline = _peak_rss_mib()
     with torch.inference_mode():
         layer, x, layout = _attention_layer(method, tokens, dim, heads)
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         start = time.perf_counter()
         layer(x, layout)
         elapsed = time.perf_counter() - start
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"peak_mib": (after - before) / 1024, "ms": elapsed * 1000}
+    return {"peak_mib": _peak_rss_mib() - baseline, "ms": elapsed * 1000}
 
 
 EXPLICIT_BUDGET = 4 * 2**30
