@@ -2,9 +2,10 @@
 (PaPE Table 4's columns), each relative to ``nopos`` measured in the same run.
 
 Timing interleaves the methods within every repeat (so drift of a noisy machine hits all
-of them alike) and reports the median. Peak memory on CPU is the growth of the process's
-peak resident set during one forward, measured in a fresh subprocess per point (torch has
-no CPU allocator statistics); on CUDA it is ``max_memory_allocated``.
+of them alike) and reports the median. Peak memory on CPU is the peak resident set of a
+fresh subprocess per point above the bare interpreter with torch loaded (torch has no CPU
+allocator statistics), so it includes weights and inputs; on CUDA it is
+``max_memory_allocated`` during the forward.
 """
 
 from __future__ import annotations
