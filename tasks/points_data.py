@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from pe_bench.harness.config import Strict
+from pe_bench.harness.data import SplitDataModule
 
 
 class Augment(Strict):
@@ -171,36 +171,15 @@ def collate(samples: list[dict]) -> dict:
     return out
 
 
-class PointDataModule(L.LightningDataModule):
+class PointDataModule(SplitDataModule):
+    collate_fn = staticmethod(collate)
+
     def __init__(
         self, make_splits: Callable[[], dict[str, Dataset]], batch_size: int, num_workers: int, seed: int
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size, num_workers, seed)
         self.make_splits = make_splits
-        self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
-        self.splits: dict[str, Dataset] = {}
 
     def setup(self, stage: str | None = None) -> None:
         if not self.splits:
             self.splits = self.make_splits()
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            self.splits[split],
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            drop_last=shuffle and len(self.splits[split]) > self.batch_size,
-            num_workers=self.num_workers,
-            collate_fn=collate,
-            generator=torch.Generator().manual_seed(self.seed),
-            persistent_workers=self.num_workers > 0,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False)
