@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -105,7 +106,7 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
 
 def vit_peak_memory(method: str, spec: BenchSpec) -> float | None:
     """Peak memory (MiB) of one inference forward of the whole ViT: CUDA allocator peak, or on
-    CPU the peak-RSS growth in a fresh subprocess (weights and input excluded)."""
+    CPU the peak RSS of a fresh subprocess above bare torch (weights and input included)."""
     if spec.device.startswith("cuda"):
         model, size = _build_vit(method, spec)
         images = torch.randn(spec.batch, 3, size, size, device=spec.device)
@@ -122,6 +123,14 @@ def vit_peak_memory(method: str, spec: BenchSpec) -> float | None:
 
 
 def _peak_rss_mib() -> float:
+    """Peak resident set of this process. Linux's VmHWM belongs to the process image, whereas
+    ru_maxrss survives fork+exec and would report the (larger) parent's peak in a child."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -14,7 +14,7 @@ def test_forward_table_is_relative_to_nopos_and_counts_positional_parameters():
     # PaPE per layer: W_a, W_b (2 m H d) + W_p (H m P); tiny ViT: d 64, H 4, depth 4, P 2.
     assert table.loc["pape[m=4]", "pos_params"] == 4 * (2 * 4 * 4 * 64 + 4 * 4 * 2)
     assert table.loc["abspos", "pos_params"] == 64 * 6 * 6
-    assert table["peak_mib"].notna().all()
+    assert (table["peak_mib"] > 0).all()  # a fresh process holds at least the weights
 
 
 def test_sweep_measures_each_point_in_a_fresh_process():
