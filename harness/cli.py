@@ -44,6 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     table = sub.add_parser("table", help="render the result matrix from stored runs")
     table.add_argument("--out", type=Path, default=Path("results"))
+    table.add_argument("--paper", default=None, help="also compare with a published table, e.g. pape:table1")
+
+    papers = sub.add_parser("papers", help="list the papers' published tables, or print one")
+    papers.add_argument("ref", nargs="?", default=None, help="e.g. pape:table5")
+
+    report = sub.add_parser("report", help="write one Markdown page: matrix, principles, efficiency, figures")
+    report.add_argument("--out", type=Path, default=Path("results"))
+    report.add_argument("--paper", default="pape:table1")
 
     lister = sub.add_parser("list", help="list tasks (with groups and profiles) or methods")
     lister.add_argument("what", choices=["tasks", "methods"])
@@ -135,6 +143,26 @@ def cmd_table(args: argparse.Namespace) -> int:
     from .tables import write_tables
 
     print(write_tables(args.out))
+    if args.paper:
+        from .papers import compare_markdown
+        from .store import load_records
+
+        print()
+        print(compare_markdown(load_records(args.out), args.paper))
+    return 0
+
+
+def cmd_papers(args: argparse.Namespace) -> int:
+    from .papers import list_tables, render_paper_table
+
+    print(render_paper_table(args.ref) if args.ref else list_tables().to_markdown(index=False))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    print(f"report written to {write_report(args.out, args.paper)}")
     return 0
 
 
@@ -285,6 +313,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 COMMANDS = {
     "run": cmd_run,
     "table": cmd_table,
+    "papers": cmd_papers,
+    "report": cmd_report,
     "list": cmd_list,
     "bench": cmd_bench,
     "extrapolate": cmd_extrapolate,
