@@ -76,6 +76,10 @@ def _comparison_figure(frame: pd.DataFrame, path: Path, title: str) -> bool:
     ax.plot([0.5, top], [0.5, top], color="grey", linewidth=0.8, linestyle="--")
     ax.set_xlim(0.5, top)
     ax.set_ylim(top, 0.5)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("rank in the paper (1 = best)")
     ax.set_ylabel("rank in ours (1 = best)")
     ax.set_title(title)
