@@ -258,6 +258,7 @@ def cmd_extrapolate(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     import numpy as np
     import pandas as pd
+    import torch
 
     from .analysis import pape_head_scores, plot_heatmap
     from .extrapolate import load_cell
@@ -274,7 +275,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         images.append(batch)
         if sum(len(b) for b in images) >= args.images:
             break
-    scores = pape_head_scores(model, torch_cat(images)[: args.images], args.tau)
+    scores = pape_head_scores(model, torch.cat(images)[: args.images], args.tau)
     target = args.out / "analysis" / args.task / directory.parent.name / directory.name
     target.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame(scores, index=[f"L{i + 1}" for i in range(len(scores))])
@@ -284,12 +285,6 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     print(frame.round(4).to_markdown())
     print(f"most positional head: {np.unravel_index(scores.argmax(), scores.shape)}, written to {target}/")
     return 0
-
-
-def torch_cat(tensors):
-    import torch
-
-    return torch.cat(tensors)
 
 
 def cmd_principles(args: argparse.Namespace) -> int:

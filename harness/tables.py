@@ -129,7 +129,6 @@ def render(records: list[store.CellRecord], fmt: str = "markdown") -> str:
     profiles = sorted({r.profile for r in records})
     if fmt == "latex":
         body = cells.to_latex(escape=False, column_format="l" + "c" * len(cells.columns))
-        body = body.replace("\\toprule", "\\toprule").replace("±", r"$\pm$")
         return body
     table = cells.to_markdown()
     notes = [f"Profile: {', '.join(profiles)}. Mean ± std over seeds; best in bold, next-best underlined."]
