@@ -7,6 +7,8 @@ positional tables (the usual ViT practice).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -50,14 +52,19 @@ class ClassificationModule(L.LightningModule):
         model: nn.Module,
         num_classes: int,
         optim: OptimConfig,
-        batch_transform: nn.Module | None = None,
+        batch_transform: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+        test_time_augmentation: Callable[[nn.Module, Tensor], Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.model = model
         self.optim = optim
-        self.batch_transform = batch_transform  # MixUp/CutMix on the training batch
+        self.batch_transform = batch_transform  # e.g. MixUp/CutMix, random resolution per batch
+        # Test logits from (model, images), e.g. averaged over resized copies. Validation stays
+        # plain, so the checkpoint is chosen as without it and the test can report both.
+        self.test_time_augmentation = test_time_augmentation
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc_plain = MulticlassAccuracy(num_classes, average="micro")
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
@@ -80,8 +87,18 @@ class ClassificationModule(L.LightningModule):
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         images, labels = batch
-        self.test_acc(self(images), labels)
+        if self.test_time_augmentation is None:
+            self.test_acc(self(images), labels)
+        else:
+            self.test_acc(self.test_time_augmentation(self.model, images), labels)
+            self.test_acc_plain(self(images), labels)
         self.log("test/acc", self.test_acc, on_epoch=True)
+
+    def extra_results(self) -> dict[str, float]:
+        """With test-time augmentation, the accuracy without it (%), from the same checkpoint."""
+        if self.test_time_augmentation is None:
+            return {}
+        return {"test_acc_without_tta": 100.0 * float(self.test_acc_plain.compute())}
 
     def configure_optimizers(self) -> dict:
         return configure_optimizer(self, self.optim)

@@ -16,11 +16,12 @@ from torch import nn
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from pe_bench.adapters import Geometry
-from pe_bench.harness.config import Strict
+from pe_bench.harness.config import RunConfig, Strict
 from pe_bench.harness.data import SplitDataModule
 from pe_bench.harness.lit import ClassificationModule
 
 from .base import Task, register_task
+from .image_resolution import ComposeBatch, RandomBatchResolution, ResizeTTA, check_sides
 from .synthetic_images import relation_images
 from .vit import ViT
 
@@ -48,6 +49,12 @@ class ImageDataConfig(Strict):
     random_resized_crop: bool = False
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
+    # UniViT (CAPE §5.1.2): every training batch resized to a side drawn from this list
+    # (the paper: [128, 160, ..., 320]); empty trains at image_size only.
+    train_sides: list[int] = []
+    # Resize test-time augmentation (CAPE §5.1.3): mean logits at image_size -/+ this many
+    # pixels and at image_size itself (the paper: 32); 0 is off.
+    tta_delta: int = 0
 
 
 class DatasetMissingError(FileNotFoundError):
@@ -241,8 +248,22 @@ class ImageClassification(Task):
             self.data_root,
         )
 
+    def __init__(self, config: RunConfig, data_root: Path | None = None) -> None:
+        super().__init__(config, data_root)
+        patch, where = config.model.patch_size, f"{config.task}/{config.profile}"
+        check_sides(self.data.train_sides, patch, f"{where}: data.train_sides")
+        if self.data.tta_delta:
+            sides = ResizeTTA(self.data.tta_delta).sides(self.data.image_size)
+            check_sides(sides, patch, f"{where}: data.tta_delta (image_size -/+ tta_delta)")
+
     def lightning_module(self, model: nn.Module) -> ClassificationModule:
-        return ClassificationModule(model, self.data.num_classes, self.config.optim, self._mix())
+        data = self.data
+        resolution = RandomBatchResolution(data.train_sides) if data.train_sides else None
+        tta = ResizeTTA(data.tta_delta) if data.tta_delta else None
+        mix = self._mix()
+        # Resolution first, so MixUp/CutMix mix images of one size.
+        transform = ComposeBatch(resolution, mix) if resolution or mix else None
+        return ClassificationModule(model, data.num_classes, self.config.optim, transform, tta)
 
     def _mix(self) -> nn.Module | None:
         from torchvision.transforms import v2
