@@ -34,10 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train and evaluate a grid of tasks x methods x seeds")
     run.add_argument("--tasks", help="comma-separated tasks or a group (all, pape-table1, ...)")
     run.add_argument("--methods", help="comma-separated encodings, NAME[key=value,...] or all")
-    run.add_argument("--study", help="a ready-made grid instead of --tasks/--methods: pape-ablation, pape-m")
+    run.add_argument("--study", help="a ready-made grid instead of --tasks/--methods: pape-ablation, pape-m, univit")
     run.add_argument("--profile", default="tiny", help="tiny (default, no download) or paper (real datasets)")
     run.add_argument("--seeds", type=_seeds, default=[0])
-    run.add_argument("--out", type=Path, default=Path("results"))
+    run.add_argument("--out", type=Path, default=None, help="results folder (default: results, results/studies/NAME)")
     run.add_argument("--data-root", type=Path, default=None, help="folder holding the real datasets")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
@@ -112,9 +112,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         study = load_study(args.study)
         args.tasks = args.tasks or ",".join(study.tasks)
         args.methods = args.methods or ",".join(study.methods)
-        if args.profile == "paper":
-            overrides = deep_merge(study.paper_overrides, overrides)
+        overrides = deep_merge(study.overrides.get(args.profile, {}), overrides)
         print(f"study {args.study}: {study.description}")
+    if args.out is None:  # a study's cells differ from the plain grid's: keep them apart
+        args.out = Path("results") / "studies" / args.study if args.study else Path("results")
     if not args.tasks or not args.methods:
         print("error: give --tasks and --methods, or --study NAME", file=sys.stderr)
         return 2

@@ -116,12 +116,12 @@ def task_yaml(task: str) -> dict[str, Any]:
 
 
 class StudySpec(Strict):
-    """A ready-made grid (e.g. PaPE's ablation tables): tasks, methods, paper-profile overrides."""
+    """A ready-made grid (e.g. PaPE's ablation tables): tasks, methods, config overrides per profile."""
 
     description: str
     tasks: list[str]
     methods: list[str]
-    paper_overrides: dict[str, Any] = {}
+    overrides: dict[str, dict[str, Any]] = {}  # profile -> overrides, e.g. {"paper": {"optim": {...}}}
 
 
 def studies() -> list[str]:

@@ -158,8 +158,7 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
         store.promote(staging, final)
         store.write_record(final, record)
         return record
-    resolved = config.model_dump(mode="json") | {"method": method.label, "encoding": method.name, "options": options}
-    (staging / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+    (staging / "config.yaml").write_text(yaml.safe_dump(resolved_config(config, method, options), sort_keys=False))
     store.write_json_atomic(staging / "env.json", store.environment())
     best_val = result["best_val"]
     record = store.CellRecord(
@@ -175,21 +174,67 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
     return record
 
 
-def check_profile_consistency(request: GridRequest) -> None:
+def resolved_config(config: RunConfig, method: MethodSpec, options: dict) -> dict[str, Any]:
+    """What a cell ran with, as stored in its config.yaml."""
+    return config.model_dump(mode="json") | {"method": method.label, "encoding": method.name, "options": options}
+
+
+# Not compared: ``trainer`` (workers, devices, time caps do not change what a cell measures)
+# and ``methods`` (every method's options; the cell's own are under ``options``).
+_UNCOMPARED = ("trainer", "methods")
+# Typed sections: a key missing from an older cell's file is a field added to the code since,
+# at its default. ``data`` and ``options`` are free-form: a missing key there is a real change.
+_TYPED = ("model", "optim")
+
+
+def config_differences(stored: dict[str, Any], requested: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between a stored cell config and a requested one."""
+    differences = []
+    for key in sorted(set(stored) | set(requested)):
+        if not prefix and key in _UNCOMPARED:
+            continue
+        if key not in stored and prefix.split(".")[0] in _TYPED:
+            continue
+        old, new = stored.get(key), requested.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            differences += config_differences(old, new, f"{prefix}{key}.")
+        elif old != new:
+            differences.append(f"{prefix}{key}: {old!r} stored, {new!r} requested")
+    return differences
+
+
+def check_consistency(request: GridRequest) -> None:
+    """A finished cell is only skipped if it ran what is asked now: same profile and config.
+    Otherwise the grid would silently report results of another setting (e.g. a study's)."""
     for task_name in request.tasks:
+        config = load_run_config(task_name, request.profile, request.overrides)
         for method in request.methods:
+            options = method.merged_options(config.methods.get(method.name))
+            requested = resolved_config(config, method, options)
             for seed in request.seeds:
-                existing = store.read_record(store.cell_dir(request.out, task_name, method.label, seed))
+                cell = store.cell_dir(request.out, task_name, method.label, seed)
+                existing = store.read_record(cell)
                 if existing and existing.profile != request.profile:
                     raise ValueError(
                         f"{request.out} already holds {existing.profile!r}-profile results for "
                         f"{task_name}/{method.label}/seed{seed}; use another --out for the {request.profile!r} profile"
                     )
+                stored_path = cell / "config.yaml"
+                if not existing or existing.status != store.STATUS_OK or not stored_path.is_file():
+                    continue
+                differences = config_differences(yaml.safe_load(stored_path.read_text()), requested)
+                if differences:
+                    raise ValueError(
+                        f"{cell} was trained with another configuration ("
+                        + "; ".join(differences[:3])
+                        + (f"; {len(differences) - 3} more" if len(differences) > 3 else "")
+                        + "). Use another --out for this setting, or delete that cell to retrain it."
+                    )
 
 
 def run_grid(request: GridRequest, say: Callable[[str], None] = print) -> list[store.CellRecord]:
     quiet_lightning()
-    check_profile_consistency(request)
+    check_consistency(request)
     cells = [(t, m, s) for t in request.tasks for m in request.methods for s in request.seeds]
     records = []
     for index, (task_name, method, seed) in enumerate(cells, 1):

@@ -78,7 +78,7 @@ def test_studies_are_valid_method_grids():
     assert [dict(s.options) for s in specs][1:] == [
         {"quadratic": False}, {"linear": False}, {"context": False}, {"softplus": False}, {"project": False},
     ]  # fmt: skip
-    assert ablation.paper_overrides["optim"]["epochs"] == 150  # ViT-S, 150 epochs (PaPE Section 5.4)
+    assert ablation.overrides["paper"]["optim"]["epochs"] == 150  # ViT-S, 150 epochs (PaPE Section 5.4)
     assert [dict(s.options)["m"] for s in parse_methods(",".join(load_study("pape-m").methods))] == [
         2,
         4,
@@ -89,3 +89,14 @@ def test_studies_are_valid_method_grids():
     ]
     with pytest.raises(ConfigError, match="unknown study"):
         load_study("nope")
+
+
+@pytest.mark.parametrize("profile", ["tiny", "paper"])
+def test_univit_study_overrides_build_valid_image_tasks(profile):
+    from pe_bench.harness.config import load_run_config, load_study
+    from pe_bench.tasks.base import get_task
+
+    study = load_study("univit")
+    task = get_task("imagenet")(load_run_config("imagenet", profile, study.overrides[profile]))
+    assert len(task.data.train_sides) >= 3 and task.data.tta_delta > 0
+    assert task.data.image_size in task.data.train_sides  # the nominal size is one of the training sizes

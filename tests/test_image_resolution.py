@@ -92,7 +92,7 @@ def test_univit_cell_trains_on_several_grids_and_reports_accuracy_with_and_witho
     small = ["optim.epochs=2", "data.train_size=256", "data.val_size=32", "data.test_size=64", "model.dim=32",
              "model.depth=1", "optim.batch_size=16", "data.train_sides=[16,24,32]", "data.tta_delta=4"]  # fmt: skip
     argv = ["run", "--tasks", "imagenet", "--methods", "sincos", "--out", str(tmp_path)]
-    assert main(argv + [item for pair in zip(["--set"] * len(small), small) for item in pair]) == 0
+    assert main(argv + [arg for override in small for arg in ("--set", override)]) == 0
     assert seen == {16, 24, 32}
     record = json.loads((store.cell_dir(tmp_path, "imagenet", "sincos", 0) / "result.json").read_text())
     assert record["status"] == "ok"

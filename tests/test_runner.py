@@ -161,3 +161,21 @@ def test_paper_profile_trains_one_epoch_on_the_tiny_imagefolder(tmp_path):
     assert code == 0
     record = store.read_record(store.cell_dir(tmp_path / "out", "imagenet", "rope", 0))
     assert record.status == "ok" and record.profile == "paper"
+
+
+def test_finished_cells_of_another_configuration_are_not_reused(tmp_path, capsys):
+    from pe_bench.harness.runner import config_differences
+
+    assert run(tmp_path, "nopos") == 0
+    capsys.readouterr()
+    # a study or override that changes what the cell measures must not be answered by the old cell
+    assert run(tmp_path, "nopos", "--set", "data.tta_delta=4") == 2
+    err = capsys.readouterr().err
+    assert "another configuration" in err and "data.tta_delta: None stored, 4 requested" in err
+    assert run(tmp_path, "nopos", "--set", "trainer.num_workers=0") == 0  # trainer settings do not count
+    stored = {"model": {"dim": 32}, "data": {"a": 1}}
+    assert config_differences(stored, {"model": {"dim": 32, "new_field": 0}, "data": {"a": 1}}) == []
+    assert config_differences(stored, {"model": {"dim": 64}, "data": {"a": 1, "b": 2}}) == [
+        "data.b: None stored, 2 requested",
+        "model.dim: 32 stored, 64 requested",
+    ]
