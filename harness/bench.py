@@ -1,5 +1,6 @@
-"""``pe-bench bench``: forward time, peak memory and positional parameters per encoding
-(PaPE Table 4's columns), each relative to ``nopos`` measured in the same run.
+"""``pe-bench bench``: PaPE Table 4 per encoding (inference time per image at batch 1 and 32,
+training-step time, peak memory, positional parameters, the SDPA kernel used), each relative
+to ``nopos`` measured in the same run; and a sequence-length sweep of one attention layer.
 
 Timing interleaves the methods within every repeat (so drift of a noisy machine hits all
 of them alike) and reports the median. Peak memory on CPU is the peak resident set of a
@@ -37,11 +38,19 @@ MODELS: dict[str, tuple[ModelConfig, int]] = {
 }
 
 
+# PaPE Table 4's columns: the baselines, then PaPE for m in {2, ..., 64}.
+TABLE4_METHODS = (
+    "nopos", "sincos", "alibi", "rope", "rope-mixed", "abspos", "cape", "pape",
+    "pape[m=2]", "pape[m=4]", "pape[m=8]", "pape[m=16]", "pape[m=32]", "pape[m=64]",
+)  # fmt: skip
+
+
 @dataclass
 class BenchSpec:
     model: str = "tiny"
-    methods: tuple[str, ...] = ("nopos", "sincos", "abspos", "rope", "cape", "pape")
-    batch: int = 1
+    methods: tuple[str, ...] = TABLE4_METHODS
+    batches: tuple[int, ...] = (1, 32)  # inference time per image at each batch size
+    train_batch: int = 32  # batch of the training-step column; 0 leaves it out
     repeats: int = 10
     image_size: int | None = None
     device: str = "cpu"
@@ -66,41 +75,102 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _autocast(device: str):
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
+
+
+def _inference(model: torch.nn.Module, images: torch.Tensor, device: str) -> None:
+    with torch.inference_mode(), _autocast(device):
+        model.eval()(images)
+
+
+class _TrainStep:
+    """One optimiser step (forward, cross-entropy, backward, AdamW) on a fixed batch."""
+
+    def __init__(self, model: torch.nn.Module, images: torch.Tensor, device: str) -> None:
+        self.model, self.images, self.device = model, images, device
+        self.labels = torch.zeros(images.shape[0], dtype=torch.long, device=images.device)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+    def __call__(self) -> None:
+        self.model.train()
+        with _autocast(self.device):
+            loss = torch.nn.functional.cross_entropy(self.model(self.images).float(), self.labels)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def sdpa_backend(model: torch.nn.Module, images: torch.Tensor, device: str) -> str:
+    """The SDPA kernels PyTorch picks inside the model's attention layers (e.g. FLASH_ATTENTION,
+    EFFICIENT_ATTENTION, MATH; MATH materialises the N x N logits), as one name or "a+b"."""
+    from torch.nn.attention import SDPBackend
+
+    from . import attention as attention_module
+
+    real = attention_module.F.scaled_dot_product_attention
+    chosen: set[str] = set()
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        chosen.add(SDPBackend(torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale)).name)
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+
+    attention_module.F.scaled_dot_product_attention = spy
+    try:
+        _inference(model, images, device)
+    finally:
+        attention_module.F.scaled_dot_product_attention = real
+    return "+".join(sorted(chosen)) or "none (own attention)"
+
+
 def forward_table(spec: BenchSpec) -> pd.DataFrame:
-    """Per method: median forward time (ms), ratio to nopos, positional parameters."""
+    """PaPE Table 4 and more, per method: inference time per image at each batch size, one
+    training step, peak inference memory, positional parameters; each with its ratio to nopos
+    measured in the same run."""
     methods = list(dict.fromkeys(("nopos", *spec.methods)))
     models, size = {}, None
     for method in methods:
         models[method], size = _build_vit(method, spec)
-    images = torch.randn(spec.batch, 3, size, size, device=spec.device)
-    times: dict[str, list[float]] = {m: [] for m in methods}
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=spec.device.startswith("cuda"))
-    with torch.inference_mode(), autocast:
-        for model in models.values():  # warm-up: allocator, kernels, caches
-            model(images)
-        for _ in range(spec.repeats):
-            for method, model in models.items():
+    inputs = {b: torch.randn(b, 3, size, size, device=spec.device) for b in spec.batches}
+    # (column, images per call, callable) for every measurement of every method
+    jobs: dict[str, list[tuple[str, int, object]]] = {}
+    for method, model in models.items():
+        jobs[method] = [
+            (f"infer_ms_per_image_b{b}", b, lambda m=model, x=x: _inference(m, x, spec.device))
+            for b, x in inputs.items()
+        ]
+        if spec.train_batch:
+            images = torch.randn(spec.train_batch, 3, size, size, device=spec.device)
+            jobs[method].append((f"train_step_ms_b{spec.train_batch}", 1, _TrainStep(model, images, spec.device)))
+    times: dict[tuple[str, str], list[float]] = {}
+    for method in methods:  # warm-up: allocator, kernels, caches
+        for _, _, job in jobs[method]:
+            job()
+    for _ in range(spec.repeats):  # interleaved, so a noisy machine's drift hits every method alike
+        for method in methods:
+            for column, per_call, job in jobs[method]:
                 _sync(spec.device)
                 start = time.perf_counter()
-                model(images)
+                job()
                 _sync(spec.device)
-                times[method].append((time.perf_counter() - start) * 1000)
-    base = statistics.median(times["nopos"])
+                times.setdefault((method, column), []).append((time.perf_counter() - start) * 1000 / per_call)
     memory = {m: vit_peak_memory(m, spec) for m in methods}
+    first = inputs[spec.batches[0]]
     rows = []
     for method in methods:
-        median = statistics.median(times[method])
-        rows.append(
-            {
-                "method": method,
-                "forward_ms": round(median, 2),
-                "vs_nopos": round(median / base, 3),
-                "peak_mib": memory[method],
-                "mem_vs_nopos": None if not memory["nopos"] else round(memory[method] / memory["nopos"], 3),
-                "pos_params": _positional_parameters(models[method]),
-                "params": sum(p.numel() for p in models[method].parameters()),
-            }
-        )
+        row: dict[str, object] = {"method": method}
+        for column, _, _ in jobs[method]:
+            median = statistics.median(times[(method, column)])
+            row[column] = round(median, 3)
+            row[f"{column}_vs_nopos"] = round(median / statistics.median(times[("nopos", column)]), 3)
+        row["peak_mib"] = memory[method]
+        row["mem_vs_nopos"] = None if not memory["nopos"] or memory[method] is None else round(
+            memory[method] / memory["nopos"], 3
+        )  # fmt: skip
+        row["pos_params"] = _positional_parameters(models[method])
+        row["params"] = sum(p.numel() for p in models[method].parameters())
+        row["sdpa"] = sdpa_backend(models[method], first, spec.device)
+        rows.append(row)
     return pd.DataFrame(rows).set_index("method")
 
 
@@ -109,7 +179,7 @@ def vit_peak_memory(method: str, spec: BenchSpec) -> float | None:
     CPU the peak RSS of a fresh subprocess above bare torch (weights and input included)."""
     if spec.device.startswith("cuda"):
         model, size = _build_vit(method, spec)
-        images = torch.randn(spec.batch, 3, size, size, device=spec.device)
+        images = torch.randn(spec.batches[0], 3, size, size, device=spec.device)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()
@@ -117,7 +187,7 @@ def vit_peak_memory(method: str, spec: BenchSpec) -> float | None:
             model(images)
         torch.cuda.synchronize()
         return round((torch.cuda.max_memory_allocated() - start) / 2**20, 1)
-    args = f"{method!r}, {spec.model!r}, {spec.batch}, {spec.image_size!r}"
+    args = f"{method!r}, {spec.model!r}, {spec.batches[0]}, {spec.image_size!r}"
     result = _in_subprocess(f"from pe_bench.harness.bench import _vit_memory_child as f; print(f({args}))")
     return None if result is None else round(float(result), 1)
 
@@ -140,7 +210,7 @@ def _vit_memory_child(method: str, model_name: str, batch: int, image_size: int 
     would hide everything below the high-water mark that construction left.)"""
     torch.set_num_threads(1)
     baseline = _peak_rss_mib()
-    spec = BenchSpec(model=model_name, batch=batch, image_size=image_size)
+    spec = BenchSpec(model=model_name, batches=(batch,), image_size=image_size)
     model, size = _build_vit(method, spec)
     with torch.inference_mode():
         model(torch.randn(batch, 3, size, size))
@@ -150,6 +220,9 @@ def _vit_memory_child(method: str, model_name: str, batch: int, image_size: int 
 def _in_subprocess(code: str) -> str | None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if proc.returncode != 0 or not proc.stdout.strip():
+        # The point stays empty in the table (e.g. out of memory); say why rather than hide it.
+        reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        print(f"bench: a measurement subprocess failed: {reason}", file=sys.stderr)
         return None
     return proc.stdout.strip().splitlines()[-1]
 

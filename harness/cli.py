@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="forward time, memory and positional parameters vs nopos")
     bench.add_argument("--model", default="tiny", choices=["tiny", "vit-s", "vit-b"])
-    bench.add_argument("--methods", default="nopos,sincos,abspos,rope,cape,pape")
-    bench.add_argument("--batch", type=int, default=1)
+    bench.add_argument("--methods", default=None, help="default: PaPE Table 4's encodings, PaPE for m 2..64")
+    bench.add_argument("--batch", type=_ints, default=[1, 32], help="inference batch sizes (time per image)")
+    bench.add_argument("--train-batch", type=int, default=32, help="training-step batch; 0 leaves it out")
     bench.add_argument("--repeats", type=int, default=10)
     bench.add_argument("--image-size", type=int, default=None)
     bench.add_argument("--device", default="cuda" if _cuda() else "cpu")
@@ -141,12 +142,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
+    from pe_bench.tasks import get_task, implemented
+
+    from .store import load_records
     from .tables import write_tables
 
     print(write_tables(args.out))
+    # Tasks' tables beyond the matrix (speech: WER per duration bin), rebuilt from the stored
+    # records as run_grid writes them; a task writing a shared table prints it once.
+    extra = []
+    for name in sorted({r.task for r in load_records(args.out)} & set(implemented())):
+        writer = getattr(get_task(name), "write_extra_tables", None)
+        text = writer(args.out) if callable(writer) else None
+        if text and text not in extra:
+            extra.append(text)
+            print(f"\n{text}")
     if args.paper:
         from .papers import compare_markdown
-        from .store import load_records
 
         print()
         print(compare_markdown(load_records(args.out), args.paper))
@@ -196,7 +208,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import BenchSpec, forward_table, header, sweep_table
+    from .bench import TABLE4_METHODS, BenchSpec, forward_table, header, sweep_table
 
     if args.task:
         from pe_bench.tasks import get_task
@@ -204,11 +216,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         figures = get_task(args.task).benchmark(args.device)
         print(figures or f"task {args.task!r} has no benchmark of its own")
         return 0
-    methods = tuple(m.strip() for m in _split_methods(args.methods))
-    spec = BenchSpec(args.model, methods, args.batch, args.repeats, args.image_size, args.device)
-    lines = [f"# pe-bench bench: {args.model}, batch {args.batch}, {args.repeats} repeats", header(), ""]
+    methods = TABLE4_METHODS if args.methods is None else tuple(m.strip() for m in _split_methods(args.methods))
+    batches = tuple(args.batch)
+    spec = BenchSpec(args.model, methods, batches, args.train_batch, args.repeats, args.image_size, args.device)
+    lines = [f"# pe-bench bench: {args.model}, {args.repeats} repeats", header(), ""]
     forward = forward_table(spec)
-    lines += ["## Forward pass (median ms), relative to nopos in the same run", forward.to_markdown(), ""]
+    lines += [
+        "## Median ms (inference per image; one training step), each relative to nopos in the same run;"
+        f" peak inference memory at batch {batches[0]}",
+        forward.to_markdown(),
+        "",
+    ]
     print("\n".join(lines), flush=True)
     sweep = None
     if args.sweep:
