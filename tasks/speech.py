@@ -17,7 +17,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pe_bench.adapters import Geometry
 from pe_bench.harness.config import Strict
@@ -46,6 +46,9 @@ class SpeechDataConfig(Strict):
     win_ms: float = 25.0
     hop_ms: float = 10.0
     cache_features: bool = False  # keep every utterance's features in memory (small corpora)
+    # Training batches of similar durations: shuffle, sort chunks of this many batches by
+    # duration, shuffle the batches (less padding; 0 = plain shuffling).
+    length_buckets: int = 0
     conv_dropout: float = 0.3
     # SpecAugment (CAPE App. C.2: 2 frequency masks of <= 30 bands, 10 time masks of <= 50 frames, p = 0.1)
     freq_masks: int = 2
@@ -125,6 +128,38 @@ def collate(items: list[tuple[torch.Tensor, list[int], float, str, int]]) -> Spe
     )
 
 
+class LengthBucketBatches(Sampler[list[int]]):
+    """Batches of utterances of similar duration, reshuffled every epoch from ``seed``.
+
+    Each epoch: a seeded permutation, cut into chunks of ``buckets`` batches, each chunk
+    sorted by duration and cut into batches, then the batches in a random order. Every
+    utterance is in exactly one batch per epoch."""
+
+    def __init__(self, durations: list[float], batch_size: int, buckets: int, seed: int) -> None:
+        self.durations = torch.tensor(durations)
+        self.batch_size = batch_size
+        self.chunk = batch_size * buckets
+        self.seed = seed
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return -(-len(self.durations) // self.batch_size)
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        rng = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        order = torch.randperm(len(self.durations), generator=rng)
+        batches = []
+        for start in range(0, len(order), self.chunk):
+            chunk = order[start : start + self.chunk]
+            chunk = chunk[torch.argsort(self.durations[chunk], stable=True)].tolist()
+            batches += [chunk[i : i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+        return [batches[i] for i in torch.randperm(len(batches), generator=rng).tolist()]
+
+    def __iter__(self):
+        self.epoch += 1
+        return iter(self.batches(self.epoch - 1))
+
+
 class SpeechDataModule(L.LightningDataModule):
     def __init__(
         self, data: SpeechDataConfig, batch_size: int, num_workers: int, seed: int, data_root: Path | None
@@ -174,6 +209,15 @@ class SpeechDataModule(L.LightningDataModule):
         self.splits["test"] = torch.utils.data.ConcatDataset(test_sets)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        if shuffle and self.data.length_buckets > 0:
+            durations = [record.duration for record in self.splits[split].records]
+            return DataLoader(
+                self.splits[split],
+                batch_sampler=LengthBucketBatches(durations, self.batch_size, self.data.length_buckets, self.seed),
+                collate_fn=collate,
+                num_workers=self.num_workers,
+                persistent_workers=self.num_workers > 0,
+            )
         return DataLoader(
             self.splits[split],
             batch_size=self.batch_size,
@@ -240,7 +284,7 @@ class SpeechRecognition(Task):
     score_scale = 100.0
     DataConfig = SpeechDataConfig
     data: SpeechDataConfig
-    tiny_standin = "espeak-ng sentences (8 voices, 4 speeds, 4 pitches); test up to 3x longer than training"
+    tiny_standin = "espeak-ng sentences (8 voices, 4 speeds, 4 pitches); test up to 2x the longest training utterance"
 
     def front_end(self) -> FrontEnd:
         return FrontEnd(self.data.n_mels, self.data.hop_ms / 1000, self.data.conv_dropout)
