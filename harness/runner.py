@@ -12,7 +12,8 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,18 @@ def _train_and_test(task: Task, method: MethodSpec, options: dict, seed: int, wo
     }
 
 
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """``trainer.threads`` for one cell (None keeps torch's setting)."""
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def _is_positional(name: str) -> bool:
     return "encoding" in name.split(".")
 
@@ -146,7 +159,9 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
     staging = store.staging_dir(final)
     try:
         task.check_data()
-        result = _train_and_test(task, method, options, seed, staging, request.progress)
+        with torch_threads(config.trainer.threads):
+            result = _train_and_test(task, method, options, seed, staging, request.progress)
+            environment = store.environment()  # as the cell ran (threads included)
     except Exception as err:  # the grid must go on: record why this cell has no result
         status = store.STATUS_DIVERGED if isinstance(err, DivergedError) else store.STATUS_FAILED
         record = store.CellRecord(
@@ -159,7 +174,7 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
         store.write_record(final, record)
         return record
     (staging / "config.yaml").write_text(yaml.safe_dump(resolved_config(config, method, options), sort_keys=False))
-    store.write_json_atomic(staging / "env.json", store.environment())
+    store.write_json_atomic(staging / "env.json", environment)
     best_val = result["best_val"]
     record = store.CellRecord(
         status=store.STATUS_OK,

@@ -69,6 +69,14 @@ def test_unknown_method_lists_names_and_close_match():
     assert "Did you mean 'rope'?" in message and "pape" in message and "nopos" in message
 
 
+def test_trainer_threads_must_be_positive():
+    from pe_bench.harness.config import load_run_config
+
+    assert load_run_config("imagenet", "tiny", {"trainer": {"threads": 1}}).trainer.threads == 1
+    with pytest.raises(ConfigError, match="imagenet/tiny: trainer.threads"):
+        load_run_config("imagenet", "tiny", {"trainer": {"threads": 0}})
+
+
 def test_studies_are_valid_method_grids():
     from pe_bench.harness.config import load_study, studies
 

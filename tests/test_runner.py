@@ -173,6 +173,12 @@ def test_finished_cells_of_another_configuration_are_not_reused(tmp_path, capsys
     err = capsys.readouterr().err
     assert "another configuration" in err and "data.tta_delta: None stored, 4 requested" in err
     assert run(tmp_path, "nopos", "--set", "trainer.num_workers=0") == 0  # trainer settings do not count
+    threads = torch.get_num_threads()
+    wanted = 2 if threads == 1 else 1  # differs from the current setting, so the check can fail
+    assert run(tmp_path, "rope", "--set", f"trainer.threads={wanted}") == 0
+    env = json.loads((store.cell_dir(tmp_path, "imagenet", "rope", 0) / "env.json").read_text())
+    assert env["torch_threads"] == wanted
+    assert torch.get_num_threads() == threads  # restored after the cell
     stored = {"model": {"dim": 32}, "data": {"a": 1}}
     assert config_differences(stored, {"model": {"dim": 32, "new_field": 0}, "data": {"a": 1}}) == []
     assert config_differences(stored, {"model": {"dim": 64}, "data": {"a": 1, "b": 2}}) == [
