@@ -45,7 +45,8 @@ def parse_method(spec: str) -> MethodSpec:
 
 
 def parse_methods(spec: str) -> list[MethodSpec]:
-    """Comma-separated specs (commas inside [...] belong to options); ``all`` = every encoding."""
+    """Comma-separated specs (commas inside [...] belong to options); ``all`` = every encoding,
+    also next to other specs (``all,pape[m=2]``); a repeated label counts once."""
     parts, depth, current = [], 0, ""
     for char in spec:
         depth += {"[": 1, "]": -1}.get(char, 0)
@@ -55,7 +56,7 @@ def parse_methods(spec: str) -> list[MethodSpec]:
         else:
             current += char
     parts.append(current)
-    labels = [p.strip() for p in parts if p.strip()]
-    if labels == ["all"]:
-        labels = available()
-    return [parse_method(label) for label in labels]
+    labels: list[str] = []
+    for label in (p.strip() for p in parts if p.strip()):
+        labels += available() if label == "all" else [label]
+    return [parse_method(label) for label in dict.fromkeys(labels)]

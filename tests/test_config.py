@@ -55,6 +55,10 @@ def test_method_specs_with_options():
     assert spec.name == "pape" and dict(spec.options) == {"m": 8, "form": "explicit"}
     labels = [m.label for m in parse_methods("rope,pape[m=2,linear=false],nopos")]
     assert labels == ["rope", "pape[m=2,linear=false]", "nopos"]
+    from pe_bench.adapters import available
+
+    expanded = [m.label for m in parse_methods("rope,all,pape[m=2]")]
+    assert expanded == ["rope", *[n for n in available() if n != "rope"], "pape[m=2]"]
 
 
 def test_bad_method_option_names_the_key():
