@@ -146,7 +146,7 @@ class UCF101(Task):
     name = "ucf101"
     DataConfig = VideoDataConfig
     data: VideoDataConfig
-    tiny_standin = "generated motion clips (direction, speed, rotation; 8 classes)"
+    tiny_standin = "generated motion clips on a 3x3 patch grid (direction and rotation sense; 8 classes)"
 
     def geometry(self) -> Geometry:
         d, patch = self.data, self.config.model.patch_size

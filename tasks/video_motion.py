@@ -1,17 +1,19 @@
 """Motion classes shared by the generated clips (ucf101/tiny) and events (dvsgesture/tiny).
 
-A sample is an object moving on a grid of cells; the class is the motion, never
-the appearance, so a model must relate *where* and *when* objects are:
+A sample is an object moving on a grid of cells, one cell per step; the class is the
+motion, never the appearance, so a model must relate *where* and *when* objects are:
 
-    0 right-slow  1 right-fast  2 left-slow  3 left-fast   (direction and speed)
-    4 orbit-cw    5 orbit-ccw                              (rotation)
-    6 up          7 down
+    0 right      1 left       (horizontal)
+    2 down       3 up         (vertical)
+    4 down-right 5 up-left    (diagonal)
+    6 orbit-cw   7 orbit-ccw  (rotation on the ring of 8 cells around a centre)
 
-Pairs differ only by the direction of time (right/left, cw/ccw, up/down) or by
-the spacing of the positions (slow/fast), so an encoding must carry both time and space.
-Positions are in cell units at normalised times u in [0, 1]; at the ``steps`` sample
-times u = k / (steps - 1) every object sits exactly on a cell (the video clips), in
-between it moves continuously (the event camera sees the motion).
+Every class is the time reversal of its partner (0-1, 2-3, 4-5, 6-7): both visit the same
+kind of cell paths, only in the opposite order, so the class needs time *and* space, and
+an encoding blind to the sign of a time offset (a symmetric distance bias) cannot exceed
+one half. Positions are in cell units at normalised times u in [0, 1]; at the ``steps``
+sample times u = k / (steps - 1) every object sits exactly on a cell (the clips and the
+event flashes show it there).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MOTIONS = ("right-slow", "right-fast", "left-slow", "left-fast", "orbit-cw", "orbit-ccw", "up", "down")
+MOTIONS = ("right", "left", "down", "up", "down-right", "up-left", "orbit-cw", "orbit-ccw")
 
 
 @dataclass(frozen=True)
@@ -45,26 +47,24 @@ class Motion:
         return self.centre[None, None] + ring
 
 
+# Cells per step (row, col) of the translations; rows grow downwards.
+_STEPS = {"right": (0, 1), "left": (0, -1), "down": (1, 0), "up": (-1, 0), "down-right": (1, 1), "up-left": (-1, -1)}
+
+
 def sample_motion(label: int, grid: int, steps: int, rng: np.random.Generator) -> Motion:
     """A random instance of motion ``label`` whose sample positions all lie inside ``grid``."""
-    span = steps - 1  # cell steps between the first and last sample at speed 1
+    span = steps - 1  # steps between the first and the last sample
     name = MOTIONS[label]
-    if name.startswith(("right", "left")):
-        speed = 2 if name.endswith("fast") else 1
-        length = speed * span
-        if length >= grid:
-            raise ValueError(f"{name}: {steps} steps at speed {speed} do not fit a grid of {grid}")
-        sign = 1 if name.startswith("right") else -1
-        col = rng.integers(0, grid - length) + (length if sign < 0 else 0)
-        start = np.array([[rng.integers(0, grid), col]], dtype=np.float64)
-        return Motion(label, start, np.array([[0.0, sign * length]]))
     if name.startswith("orbit"):
+        if grid < 3:
+            raise ValueError(f"{name} needs a grid of at least 3, got {grid}")
         centre = rng.integers(1, grid - 1, size=2).astype(np.float64)
         angle0 = rng.integers(0, 8) * np.pi / 4
         sense = 1.0 if name == "orbit-cw" else -1.0  # rows grow downwards: +angle is clockwise
         return Motion(label, np.zeros((1, 2)), np.zeros((1, 2)), centre, angle0, sense * np.pi / 2 * span)
-    # up / down: one cell per step along a column.
-    sign = -1 if name == "up" else 1
-    row = rng.integers(0, grid - span) + (span if sign < 0 else 0)
-    start = np.array([[row, rng.integers(0, grid)]], dtype=np.float64)
-    return Motion(label, start, np.array([[sign * span, 0.0]]))
+    step = np.array(_STEPS[name], dtype=np.float64)
+    if span >= grid:
+        raise ValueError(f"{name}: {steps} steps do not fit a grid of {grid}")
+    # Per axis: a moving coordinate starts where the whole path stays inside, a still one anywhere.
+    start = [rng.integers(0, grid - span) + (span if d < 0 else 0) if d else rng.integers(0, grid) for d in step]
+    return Motion(label, np.array([start], dtype=np.float64), (step * span)[None])
