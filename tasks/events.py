@@ -194,7 +194,7 @@ class DvsGesture(Task):
     name = "dvsgesture"
     DataConfig = EventDataConfig
     data: EventDataConfig
-    tiny_standin = "emulated event streams of moving shapes (direction, speed, rotation; 8 classes)"
+    tiny_standin = "emulated event streams of a flashing disk in apparent motion (direction, rotation sense; 8 classes)"
 
     def geometry(self) -> Geometry:
         return Geometry(pos_dim=3, grid_shape=None, units="patch, patch, time x scale", num_prefix_tokens=1)

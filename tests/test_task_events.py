@@ -106,6 +106,37 @@ def test_emulated_streams_are_balanced_sorted_and_deterministic():
     np.testing.assert_array_equal(streams[3][2], again[3][2])
 
 
+def _nearest_mean_accuracy(train, train_labels, test, test_labels):
+    mean, std = train.mean(0), train.std(0) + 1e-6
+    train, test = (train - mean) / std, (test - mean) / std
+    centres = np.stack([train[train_labels == k].mean(0) for k in range(8)])
+    predicted = np.argmin(((test[:, None] - centres[None]) ** 2).sum(-1), axis=1)
+    return float((predicted == test_labels).mean())
+
+
+def test_emulated_token_contents_do_not_reveal_the_class_but_positions_do():
+    """What nopos sees (the bag of token features) is at chance; where and when is not."""
+    tokenizer = SpikingPatches(48, 48, 8, threshold=32, refractory_us=20_000, buckets=8)
+
+    def summaries(seed):
+        streams, labels = motion_event_streams(160, 8, seed=seed)
+        bags, moves = [], []
+        for events in streams:
+            tokens = tokenizer(*events)
+            f = np.log1p(tokens.features.reshape(len(tokens), -1))
+            bags.append(np.concatenate([f.mean(0), f.max(0), [len(tokens)]]))
+            t, x, y = tokens.t - tokens.t.mean(), tokens.x - tokens.x.mean(), tokens.y - tokens.y.mean()
+            moves.append(
+                [(t * x).sum(), (t * y).sum(), np.abs(np.diff(tokens.x)).sum(), np.abs(np.diff(tokens.y)).sum()]
+            )
+        return np.array(bags), np.array(moves), labels
+
+    train_bags, train_moves, train_labels = summaries(1)
+    test_bags, test_moves, test_labels = summaries(2)
+    assert _nearest_mean_accuracy(train_bags, train_labels, test_bags, test_labels) < 0.25  # chance: 0.125
+    assert _nearest_mean_accuracy(train_moves, train_labels, test_moves, test_labels) > 0.35
+
+
 def write_release(root, recordings):
     """A DvsGesture release with ``recordings`` = {name: [(class, start, end), ...]}."""
     release = root / "dvsgesture" / "DvsGesture"
