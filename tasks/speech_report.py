@@ -2,7 +2,8 @@
 
 Reads the ``duration_bins`` that every finished speech cell stores in its record's
 ``extra`` and writes ``<out>/bins.md`` and ``<out>/bins.csv``: one row per (task, method,
-evaluation set), one column per duration bin plus overall, WER in % as mean ± std over seeds.
+evaluation set), one column per duration bin plus overall, WER in % as mean ± sample std over
+seeds (as the result matrix).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def bin_rows(records: list[store.CellRecord], task: str | None = None) -> tuple[
         row = {"task": key[0], "method": key[1], "eval_set": key[2], "seeds": len(seeds[key])}
         for label in labels:
             got = values[key].get(label, [])
-            row[label] = (float(np.mean(got)), float(np.std(got))) if got else None
+            # Sample std (ddof 1) as the result matrix; 0 for a single seed.
+            row[label] = (float(np.mean(got)), float(np.std(got, ddof=1)) if len(got) > 1 else 0.0) if got else None
         rows.append(row)
     return labels, rows
 

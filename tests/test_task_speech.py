@@ -15,6 +15,7 @@ from pe_bench.harness import store
 from pe_bench.harness.cli import main
 from pe_bench.harness.config import ModelConfig, load_run_config
 from pe_bench.tasks import get_task
+from pe_bench.tasks.speech import LengthBucketBatches
 from pe_bench.tasks.speech_corpus import CorpusSpec, EspeakMissingError, build_corpus
 from pe_bench.tasks.speech_features import (
     VOCAB_SIZE,
@@ -29,6 +30,7 @@ from pe_bench.tasks.speech_features import (
 from pe_bench.tasks.speech_lit import wer_table
 from pe_bench.tasks.speech_model import CTCSpeechModel, FrontEnd, output_lengths
 from pe_bench.tasks.speech_readers import SpeechDatasetError, read_librispeech, read_manifest
+from pe_bench.tasks.speech_report import bin_rows
 
 RATE = 16_000
 needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed (apt package)")
@@ -127,6 +129,17 @@ def test_word_error_rate_and_duration_bins():
     assert [duration_bin(s, [10, 15, 20]) for s in (3.0, 10.0, 14.9, 15.0, 25.0)] == [0, 1, 1, 2, 3]
 
 
+def test_bin_table_uses_the_matrix_sample_std_over_seeds():
+    def cell(seed, wer):
+        bins = {"labels": ["<1s", ">=1s", "all"], "wer": {"test": {"<1s": wer, ">=1s": None, "all": wer}}}
+        return store.CellRecord("wsj", "rope", seed, "tiny", "ok", score=100 * wer, extra={"duration_bins": bins})
+
+    labels, rows = bin_rows([cell(0, 0.2), cell(1, 0.4), cell(2, 0.3)])
+    assert labels == ["<1s", ">=1s", "all"] and rows[0]["seeds"] == 3 and rows[0][">=1s"] is None
+    assert rows[0]["all"] == pytest.approx((30.0, 10.0))  # ddof 1, as pandas' std in the matrix
+    assert bin_rows([cell(0, 0.2)])[1][0]["all"] == pytest.approx((20.0, 0.0))
+
+
 @pytest.mark.parametrize("method", ["nopos", "sincos", "abspos", "relpos", "rope", "pape", "cape", "alibi"])
 def test_padding_changes_no_logit_of_a_real_frame(method):
     torch.manual_seed(0)
@@ -141,6 +154,23 @@ def test_padding_changes_no_logit_of_a_real_frame(method):
     padded, lengths = model(batch, torch.tensor([40, 70]))
     assert lengths.tolist() == [n.item(), output_lengths(torch.tensor(70)).item()] and n.item() == 12
     torch.testing.assert_close(padded[0, :12], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_length_buckets_cover_every_utterance_once_in_batches_of_similar_durations():
+    durations = torch.rand(203, generator=torch.Generator().manual_seed(0)).mul(3).add(0.5).tolist()
+    sampler = LengthBucketBatches(durations, batch_size=16, buckets=4, seed=1)
+    epoch0, epoch1 = list(sampler), list(sampler)
+    assert len(epoch0) == len(sampler) == 13 and max(len(b) for b in epoch0) == 16
+    for batches in (epoch0, epoch1):
+        assert sorted(i for b in batches for i in b) == list(range(203))
+    assert epoch0 != epoch1 and LengthBucketBatches(durations, 16, 4, seed=1).batches(0) == epoch0
+
+    # Sorting chunks of 4 batches narrows each batch's duration range well below a random batch's.
+    def mean_spread(batches):
+        return np.mean([max(durations[i] for i in b) - min(durations[i] for i in b) for b in batches])
+
+    shuffled = torch.randperm(203, generator=torch.Generator().manual_seed(2)).tolist()
+    assert mean_spread(epoch0) < 0.5 * mean_spread([shuffled[i : i + 16] for i in range(0, 203, 16)])
 
 
 def test_abspos_wraps_modulo_its_window():
@@ -172,3 +202,8 @@ def test_one_cell_end_to_end_writes_the_duration_bin_table(tmp_path, monkeypatch
     table = (out / "bins.md").read_text()
     assert "WER >=3s" in table and "| wsj | cape | test | 1 |" in table
     assert (out / "bins.csv").is_file() and "wsj" in (out / "table.md").read_text()
+    # `pe-bench table` rebuilds the bins table from the stored records, not only `run`.
+    (out / "bins.md").unlink()
+    (out / "bins.csv").unlink()
+    assert main(["table", "--out", str(out)]) == 0
+    assert (out / "bins.md").read_text() == table and (out / "bins.csv").is_file()
