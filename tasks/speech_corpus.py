@@ -28,8 +28,8 @@ import numpy as np
 
 SAMPLE_RATE = 16_000
 
-# Plain words with distinct spellings, a few with apostrophes so that every output
-# token of the CTC head occurs in the data.
+# 72 plain words with distinct spellings, a few with apostrophes so that the apostrophe
+# token of the CTC head occurs in the data (every letter but 'z' does too).
 _WORDS = (
     "the a red blue green black white small big old new cat dog bird fish horse cow sheep "
     "house car boat tree river hill road door window table chair book cup runs jumps sits "
