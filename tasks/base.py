@@ -64,6 +64,22 @@ class Task(ABC):
         """Fail fast, before any training, when the dataset is missing or malformed."""
 
 
+class PatchTask(Task):
+    """A task whose input is cut into patches (images, clips, event streams): its data module
+    is built from the data config and the patch size, and it trains a plain classifier."""
+
+    DataModule: ClassVar[type[L.LightningDataModule]]
+
+    def datamodule(self, seed: int) -> L.LightningDataModule:
+        model, optim, trainer = self.config.model, self.config.optim, self.config.trainer
+        return self.DataModule(self.data, model.patch_size, optim.batch_size, trainer.num_workers, seed, self.data_root)
+
+    def lightning_module(self, model: nn.Module) -> L.LightningModule:
+        from pe_bench.harness.lit import ClassificationModule
+
+        return ClassificationModule(model, self.data.num_classes, self.config.optim)
+
+
 _TASKS: dict[str, type[Task]] = {}
 
 # Tasks of the papers' tables that pe-bench names but has not implemented yet; a group run

@@ -19,9 +19,8 @@ from torch.utils.data import Dataset, get_worker_info
 from pe_bench.adapters import Geometry
 from pe_bench.harness.config import Strict
 from pe_bench.harness.data import SplitDataModule
-from pe_bench.harness.lit import ClassificationModule
 
-from .base import Task, register_task
+from .base import PatchTask, register_task
 from .events_aedat import cut, dvsgesture_root, dvsgesture_samples, read_aedat31
 from .events_augment import EventAugmentation
 from .events_emulator import motion_event_streams
@@ -190,7 +189,8 @@ def tokenizer_throughput(events: int = 2_000_000, repeats: int = 3, seed: int = 
 
 
 @register_task
-class DvsGesture(Task):
+class DvsGesture(PatchTask):
+    DataModule = EventDataModule
     name = "dvsgesture"
     DataConfig = EventDataConfig
     data: EventDataConfig
@@ -203,19 +203,6 @@ class DvsGesture(Task):
         d, patch = self.data, self.config.model.patch_size
         shape = (2, d.buckets, patch, patch)
         return EventViT(method, options, self.config.model, shape, d.time_scale, d.num_classes)
-
-    def datamodule(self, seed: int) -> EventDataModule:
-        return EventDataModule(
-            self.data,
-            self.config.model.patch_size,
-            self.config.optim.batch_size,
-            self.config.trainer.num_workers,
-            seed,
-            self.data_root,
-        )
-
-    def lightning_module(self, model: nn.Module) -> ClassificationModule:
-        return ClassificationModule(model, self.data.num_classes, self.config.optim)
 
     def check_data(self) -> None:
         if self.data.source == "dvsgesture":

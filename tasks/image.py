@@ -20,7 +20,7 @@ from pe_bench.harness.config import RunConfig, Strict
 from pe_bench.harness.data import SplitDataModule
 from pe_bench.harness.lit import ClassificationModule
 
-from .base import Task, register_task
+from .base import PatchTask, register_task
 from .image_resolution import ComposeBatch, RandomBatchResolution, ResizeTTA, check_sides
 from .synthetic_images import relation_images
 from .vit import ViT
@@ -226,7 +226,8 @@ class ImageDataModule(SplitDataModule):
         return _Transformed(cls(str(cifar_root(self.data_root, data)), train=False, download=False), None, transform)
 
 
-class ImageClassification(Task):
+class ImageClassification(PatchTask):
+    DataModule = ImageDataModule
     DataConfig = ImageDataConfig
     data: ImageDataConfig
 
@@ -237,16 +238,6 @@ class ImageClassification(Task):
     def build_model(self, method: str, options: dict[str, Any]) -> nn.Module:
         size = (self.data.image_size, self.data.image_size)
         return ViT(method, options, self.config.model, size, self.data.channels, self.data.num_classes)
-
-    def datamodule(self, seed: int) -> ImageDataModule:
-        return ImageDataModule(
-            self.data,
-            self.config.model.patch_size,
-            self.config.optim.batch_size,
-            self.config.trainer.num_workers,
-            seed,
-            self.data_root,
-        )
 
     def __init__(self, config: RunConfig, data_root: Path | None = None) -> None:
         super().__init__(config, data_root)

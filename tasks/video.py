@@ -20,9 +20,8 @@ from torch.utils.data import Dataset
 from pe_bench.adapters import Geometry
 from pe_bench.harness.config import Strict
 from pe_bench.harness.data import SplitDataModule
-from pe_bench.harness.lit import ClassificationModule
 
-from .base import Task, register_task
+from .base import PatchTask, register_task
 from .video_synthetic import motion_clips
 from .video_ucf101 import read_tubelet_frames, ucf101_root, ucf101_splits
 from .video_vivit import VideoBatch, ViViT
@@ -142,7 +141,8 @@ class VideoDataModule(SplitDataModule):
 
 
 @register_task
-class UCF101(Task):
+class UCF101(PatchTask):
+    DataModule = VideoDataModule
     name = "ucf101"
     DataConfig = VideoDataConfig
     data: VideoDataConfig
@@ -158,19 +158,6 @@ class UCF101(Task):
         frames = d.max_samples * d.tubelet
         size = (d.image_height, d.image_width)
         return ViViT(method, options, self.config.model, frames, size, d.tubelet, 3, d.num_classes)
-
-    def datamodule(self, seed: int) -> VideoDataModule:
-        return VideoDataModule(
-            self.data,
-            self.config.model.patch_size,
-            self.config.optim.batch_size,
-            self.config.trainer.num_workers,
-            seed,
-            self.data_root,
-        )
-
-    def lightning_module(self, model: nn.Module) -> ClassificationModule:
-        return ClassificationModule(model, self.data.num_classes, self.config.optim)
 
     def check_data(self) -> None:
         if self.data.source == "ucf101":
