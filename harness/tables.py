@@ -131,7 +131,10 @@ def render(records: list[store.CellRecord], fmt: str = "markdown") -> str:
         body = cells.to_latex(escape=False, column_format="l" + "c" * len(cells.columns))
         return body
     table = cells.to_markdown()
-    notes = [f"Profile: {', '.join(profiles)}. Mean ± std over seeds; best in bold, next-best underlined."]
+    notes = [
+        f"Profile: {', '.join(profiles)}. Mean ± std over seeds (a value without ± is one seed); "
+        "best in bold, next-best underlined."
+    ]
     if "tiny" in profiles:
         notes.append(_tiny_footnote(sorted({r.task for r in records})))
     return table + "\n\n" + "\n".join(notes)
