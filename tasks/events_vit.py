@@ -18,12 +18,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from pe_bench.adapters import Geometry, PositionLayout, build
-from pe_bench.harness.blocks import TransformerEncoder
+from pe_bench.adapters import Geometry, PositionLayout
 from pe_bench.harness.config import ModelConfig
 
 from .events_tokenizer import EventTokens
-from .vit import classification_head, prepend_token
+from .vit import TokenClassifier, prepend_token
 
 
 @dataclass
@@ -52,7 +51,7 @@ def collate_tokens(items: list[tuple[EventTokens, int]]) -> tuple[EventBatch, Te
     return EventBatch(features, coords, valid), labels
 
 
-class EventViT(nn.Module):
+class EventViT(TokenClassifier):
     def __init__(
         self,
         method: str,
@@ -67,13 +66,7 @@ class EventViT(nn.Module):
         self.geometry = Geometry(pos_dim=3, grid_shape=None, units="patch, patch, time x scale", num_prefix_tokens=1)
         self.time_scale = time_scale
         self.embed = nn.Linear(math.prod(feature_shape), model.dim)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, model.dim))
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
-        self.encoding = build(method, self.geometry, model.dim, model.num_heads, model.depth, method_options)
-        self.encoder = TransformerEncoder(
-            model.dim, model.depth, model.num_heads, self.encoding, model.mlp_ratio, model.drop_path, model.dropout
-        )
-        self.head = classification_head(model.dim, num_classes, model.head_init)
+        self.build_trunk(method, method_options, model, num_classes)
 
     def forward(self, batch: EventBatch) -> Tensor:
         tokens = self.embed(torch.log1p(batch.features.flatten(2)))

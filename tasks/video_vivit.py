@@ -14,11 +14,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pe_bench.adapters import Geometry, PositionLayout, build
-from pe_bench.harness.blocks import TransformerEncoder
+from pe_bench.adapters import Geometry, PositionLayout
 from pe_bench.harness.config import ModelConfig
 
-from .vit import classification_head, prepend_token
+from .vit import TokenClassifier, prepend_token
 
 
 @dataclass
@@ -30,7 +29,7 @@ class VideoBatch:
         return self.video.shape[0]
 
 
-class ViViT(nn.Module):
+class ViViT(TokenClassifier):
     def __init__(
         self,
         method: str,
@@ -50,13 +49,7 @@ class ViViT(nn.Module):
         self.geometry = Geometry(pos_dim=3, grid_shape=grid, units="tubelet", num_prefix_tokens=1)
         size = (tubelet, patch, patch)
         self.tubelet_embed = nn.Conv3d(in_channels, model.dim, kernel_size=size, stride=size)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, model.dim))
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
-        self.encoding = build(method, self.geometry, model.dim, model.num_heads, model.depth, method_options)
-        self.encoder = TransformerEncoder(
-            model.dim, model.depth, model.num_heads, self.encoding, model.mlp_ratio, model.drop_path, model.dropout
-        )
-        self.head = classification_head(model.dim, num_classes, model.head_init)
+        self.build_trunk(method, method_options, model, num_classes)
 
     def forward(self, batch: VideoBatch | Tensor) -> Tensor:
         if isinstance(batch, Tensor):

@@ -32,7 +32,24 @@ def prepend_token(token: Tensor, tokens: Tensor) -> Tensor:
     return torch.cat([token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
 
 
-class ViT(nn.Module):
+class TokenClassifier(nn.Module):
+    """What the ViT family shares after its token embedding: a learned CLS token without a
+    position, the position encoding built for ``self.geometry``, the pre-norm encoder and
+    the classification head. Subclasses set ``geometry`` and their embedding first."""
+
+    geometry: Geometry
+
+    def build_trunk(self, method: str, method_options: dict[str, Any], model: ModelConfig, num_classes: int) -> None:
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, model.dim))
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        self.encoding = build(method, self.geometry, model.dim, model.num_heads, model.depth, method_options)
+        self.encoder = TransformerEncoder(
+            model.dim, model.depth, model.num_heads, self.encoding, model.mlp_ratio, model.drop_path, model.dropout
+        )
+        self.head = classification_head(model.dim, num_classes, model.head_init)
+
+
+class ViT(TokenClassifier):
     def __init__(
         self,
         method: str,
@@ -51,13 +68,7 @@ class ViT(nn.Module):
             pos_dim=2, grid_shape=(image_size[0] // patch, image_size[1] // patch), units="patch", num_prefix_tokens=1
         )
         self.patch_embed = nn.Conv2d(in_channels, model.dim, kernel_size=patch, stride=patch)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, model.dim))
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
-        self.encoding = build(method, self.geometry, model.dim, model.num_heads, model.depth, method_options)
-        self.encoder = TransformerEncoder(
-            model.dim, model.depth, model.num_heads, self.encoding, model.mlp_ratio, model.drop_path, model.dropout
-        )
-        self.head = classification_head(model.dim, num_classes, model.head_init)
+        self.build_trunk(method, method_options, model, num_classes)
         self.position_scale = 1.0
 
     def forward(self, images: Tensor) -> Tensor:
