@@ -7,6 +7,7 @@ shuffling is seeded per cell so that a cell is reproducible.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -45,3 +46,14 @@ class SplitDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self.loader(self.splits["test"])
+
+
+class PatchDataModule(SplitDataModule):
+    """Splits of patched inputs (images, clips, event streams), built from the task's data
+    config and the patch size; the constructor ``tasks.base.PatchTask`` calls."""
+
+    def __init__(
+        self, data: Any, patch: int, batch_size: int, num_workers: int, seed: int, data_root: Path | None
+    ) -> None:
+        super().__init__(batch_size, num_workers, seed)
+        self.data, self.patch, self.data_root = data, patch, data_root

@@ -19,6 +19,7 @@ from torch import nn
 
 from pe_bench.adapters import Geometry
 from pe_bench.harness.config import ConfigError, RunConfig, Strict, format_validation_error
+from pe_bench.harness.data import PatchDataModule
 
 
 class Task(ABC):
@@ -68,7 +69,7 @@ class PatchTask(Task):
     """A task whose input is cut into patches (images, clips, event streams): its data module
     is built from the data config and the patch size, and it trains a plain classifier."""
 
-    DataModule: ClassVar[type[L.LightningDataModule]]
+    DataModule: ClassVar[type[PatchDataModule]]
 
     def datamodule(self, seed: int) -> L.LightningDataModule:
         model, optim, trainer = self.config.model, self.config.optim, self.config.trainer

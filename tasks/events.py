@@ -18,7 +18,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from pe_bench.adapters import Geometry
 from pe_bench.harness.config import Strict
-from pe_bench.harness.data import SplitDataModule
+from pe_bench.harness.data import PatchDataModule
 
 from .base import PatchTask, register_task
 from .events_aedat import cut, dvsgesture_root, dvsgesture_samples, read_aedat31
@@ -114,14 +114,9 @@ def _recording(path: Path) -> Stream:
     return read_aedat31(path)
 
 
-class EventDataModule(SplitDataModule):
+class EventDataModule(PatchDataModule):
     collate_fn = staticmethod(collate_tokens)
-
-    def __init__(
-        self, data: EventDataConfig, patch: int, batch_size: int, num_workers: int, seed: int, data_root: Path | None
-    ) -> None:
-        super().__init__(batch_size, num_workers, seed)
-        self.data, self.patch, self.data_root = data, patch, data_root
+    data: EventDataConfig
 
     def tokenizer(self) -> SpikingPatches:
         d = self.data

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 
 from pe_bench.adapters import Geometry
 from pe_bench.harness.config import RunConfig, Strict
-from pe_bench.harness.data import SplitDataModule
+from pe_bench.harness.data import PatchDataModule
 from pe_bench.harness.lit import ClassificationModule
 
 from .base import PatchTask, register_task
@@ -161,14 +161,8 @@ def cifar_root(data_root: Path | None, data: ImageDataConfig) -> Path:
     return root
 
 
-class ImageDataModule(SplitDataModule):
-    def __init__(
-        self, data: ImageDataConfig, patch: int, batch_size: int, num_workers: int, seed: int, data_root: Path | None
-    ) -> None:
-        super().__init__(batch_size, num_workers, seed)
-        self.data = data
-        self.patch = patch
-        self.data_root = data_root
+class ImageDataModule(PatchDataModule):
+    data: ImageDataConfig
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:

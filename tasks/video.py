@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from pe_bench.adapters import Geometry
 from pe_bench.harness.config import Strict
-from pe_bench.harness.data import SplitDataModule
+from pe_bench.harness.data import PatchDataModule
 
 from .base import PatchTask, register_task
 from .video_synthetic import motion_clips
@@ -119,14 +119,9 @@ def ucf101_fold(data: VideoDataConfig, seed: int) -> int:
     return seed % 3 + 1 if data.fold == "seed" else int(data.fold)
 
 
-class VideoDataModule(SplitDataModule):
+class VideoDataModule(PatchDataModule):
     collate_fn = staticmethod(collate_videos)
-
-    def __init__(
-        self, data: VideoDataConfig, patch: int, batch_size: int, num_workers: int, seed: int, data_root: Path | None
-    ) -> None:
-        super().__init__(batch_size, num_workers, seed)
-        self.data, self.patch, self.data_root = data, patch, data_root
+    data: VideoDataConfig
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
