@@ -100,13 +100,13 @@ def _cuda() -> bool:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from pe_bench.harness.grid.methods import parse_methods
+    from pe_bench.harness.grid.runner import GridRequest, run_grid
+    from pe_bench.harness.grid.store import STATUS_DIVERGED, STATUS_FAILED
+    from pe_bench.harness.reports.tables import write_tables
     from pe_bench.tasks import get_task, resolve_tasks
 
     from .config import deep_merge, load_run_config, load_study, parse_overrides
-    from .methods import parse_methods
-    from .runner import GridRequest, run_grid
-    from .store import STATUS_DIVERGED, STATUS_FAILED
-    from .tables import write_tables
 
     overrides = parse_overrides(args.set)
     if args.study:
@@ -142,10 +142,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
+    from pe_bench.harness.grid.store import load_records
+    from pe_bench.harness.reports.tables import write_tables
     from pe_bench.tasks import get_task, implemented
-
-    from .store import load_records
-    from .tables import write_tables
 
     print(write_tables(args.out))
     # Tasks' tables beyond the matrix (speech: WER per duration bin), rebuilt from the stored
@@ -158,7 +157,7 @@ def cmd_table(args: argparse.Namespace) -> int:
             extra.append(text)
             print(f"\n{text}")
     if args.paper:
-        from .papers import compare_markdown
+        from pe_bench.harness.reports.papers import compare_markdown
 
         print()
         print(compare_markdown(load_records(args.out), args.paper))
@@ -166,14 +165,14 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_papers(args: argparse.Namespace) -> int:
-    from .papers import list_tables, render_paper_table
+    from pe_bench.harness.reports.papers import list_tables, render_paper_table
 
     print(render_paper_table(args.ref) if args.ref else list_tables().to_markdown(index=False))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import write_report
+    from pe_bench.harness.reports.report import write_report
 
     print(f"report written to {write_report(args.out, args.paper)}")
     return 0
@@ -208,7 +207,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import TABLE4_METHODS, BenchSpec, forward_table, header, sweep_table
+    from pe_bench.harness.reports.bench import TABLE4_METHODS, BenchSpec, forward_table, header, sweep_table
 
     if args.task:
         from pe_bench.tasks import get_task
@@ -248,14 +247,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _split_methods(text: str) -> list[str]:
-    from .methods import parse_methods
+    from pe_bench.harness.grid.methods import parse_methods
 
     return [m.label for m in parse_methods(text)]
 
 
 def cmd_extrapolate(args: argparse.Namespace) -> int:
-    from . import extrapolate as ex
-    from .runner import quiet_lightning
+    from pe_bench.harness.grid.runner import quiet_lightning
+    from pe_bench.harness.reports import extrapolate as ex
 
     quiet_lightning()
     methods = None if args.methods is None else _split_methods(args.methods)
@@ -279,9 +278,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     import pandas as pd
     import torch
 
-    from .analysis import pape_head_scores, plot_heatmap
-    from .extrapolate import load_cell
-    from .store import cell_dir
+    from pe_bench.harness.grid.store import cell_dir
+    from pe_bench.harness.reports.analysis import pape_head_scores, plot_heatmap
+    from pe_bench.harness.reports.extrapolate import load_cell
 
     directory = cell_dir(args.out, args.task, args.method, args.seed)
     if not (directory / "best.ckpt").is_file():
@@ -315,8 +314,9 @@ def cmd_principles(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from pe_bench.harness.grid.methods import parse_method
+
     from .conformance import check
-    from .methods import parse_method
 
     spec = parse_method(args.name)
     report = check(spec.name, dict(spec.options))

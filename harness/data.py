@@ -11,8 +11,26 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+
+class DatasetMissingError(FileNotFoundError):
+    """A dataset is not where the config says; the message names the path, the layout
+    expected and where the dataset comes from."""
+
+
+def stratified_split(labels: np.ndarray, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (train, val) with ``fraction`` of every class (at least one) in val."""
+    rng = np.random.default_rng(seed)
+    train, val = [], []
+    for cls in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == cls))
+        n_val = max(1, round(fraction * len(idx))) if len(idx) > 1 else 0
+        val.append(idx[:n_val])
+        train.append(idx[n_val:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
 
 
 class SplitDataModule(L.LightningDataModule):

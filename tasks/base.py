@@ -76,7 +76,7 @@ class PatchTask(Task):
         return self.DataModule(self.data, model.patch_size, optim.batch_size, trainer.num_workers, seed, self.data_root)
 
     def lightning_module(self, model: nn.Module) -> L.LightningModule:
-        from pe_bench.harness.lit import ClassificationModule
+        from pe_bench.harness.module import ClassificationModule
 
         return ClassificationModule(model, self.data.num_classes, self.config.optim)
 

@@ -1,0 +1,233 @@
+"""``pe-bench extrapolate``: evaluate the stored best checkpoints of a grid at resolutions
+other than the training one, without changing the model (PaPE Section 5.3, Appendix B).
+
+Two settings per resolution: positions as they are, and position interpolation (positions
+multiplied by train/test size per axis, mapping them back into the training range). Writes
+under ``<out>/extrapolation/<task>/``:
+
+    results.csv   one row per (method, seed, resolution, interpolation)
+    table5.md     accuracy without interpolation (PaPE Table 5)
+    table6.md     with interpolation, and the change against table 5 per cell (Table 6)
+    table7.md     per method the better of the two settings (Table 7)
+    figure.png/.pdf  accuracy against resolution, one line per method (Figure 1c)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+import yaml
+
+from pe_bench.adapters import get as get_encoding
+from pe_bench.harness.grid import store
+from pe_bench.tasks import get_task
+
+from ..config import RunConfig
+
+
+def parse_resolutions(text: str) -> list[tuple[int, int]]:
+    """``"24,48,96x48"`` -> [(24, 24), (48, 48), (96, 48)] as (height, width)."""
+    sizes = []
+    for item in (s.strip() for s in text.split(",") if s.strip()):
+        h, _, w = item.partition("x")
+        sizes.append((int(h), int(w or h)))
+    return sizes
+
+
+PAPE_APPENDIX_B = [224, 320, 384, 448, 512, 640, 768, 896, 1024]
+
+
+def default_resolutions(image_size: int, patch: int, profile: str) -> list[tuple[int, int]]:
+    """Paper profile: PaPE Appendix B's 224^2 ... 1024^2. Otherwise 1x to 4x the training
+    side (multiples of the patch size)."""
+    if profile == "paper" and image_size == 224:
+        return [(r, r) for r in PAPE_APPENDIX_B]
+    sides = [round(image_size * f / patch) * patch for f in (1, 1.5, 2, 3, 4)]
+    return [(s, s) for s in dict.fromkeys(sides)]
+
+
+def resolution_label(size: tuple[int, int]) -> str:
+    h, w = size
+    return f"{h}²" if h == w else f"{h}×{w}"
+
+
+@dataclass
+class Cell:
+    method: str
+    seed: int
+    directory: Path
+
+
+def finished_cells(out: Path, task: str, methods: list[str] | None) -> list[Cell]:
+    cells = []
+    for record in store.load_records(out):
+        if record.task != task or record.status != store.STATUS_OK:
+            continue
+        if methods is not None and record.method not in methods:
+            continue
+        directory = store.cell_dir(out, task, record.method, record.seed)
+        if (directory / "best.ckpt").is_file():
+            cells.append(Cell(record.method, record.seed, directory))
+    return cells
+
+
+def load_cell(directory: Path, data_root: Path | None):
+    """Rebuild the task and the model of a finished cell and load its best weights."""
+    resolved = yaml.safe_load((directory / "config.yaml").read_text())
+    encoding, options = resolved.pop("encoding"), resolved.pop("options")
+    resolved.pop("method")
+    config = RunConfig(**resolved)
+    task = get_task(config.task)(config, data_root)
+    model = task.build_model(encoding, options)
+    state = torch.load(directory / "best.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+    return task, model.eval(), encoding
+
+
+@torch.inference_mode()
+def accuracy(model: torch.nn.Module, loader) -> float:
+    correct = total = 0
+    for images, labels in loader:
+        correct += (model(images).argmax(-1) == labels).sum().item()
+        total += labels.numel()
+    return 100.0 * correct / max(total, 1)
+
+
+def interpolation_scale(train: tuple[int, int], test: tuple[int, int]) -> torch.Tensor:
+    """Per-axis factor train/test (PaPE App. B: 224/R), applied to (row, col) positions."""
+    return torch.tensor([train[0] / test[0], train[1] / test[1]])
+
+
+def evaluate_grid(
+    out: Path, task_name: str, resolutions: list[tuple[int, int]], methods: list[str] | None = None,
+    data_root: Path | None = None, say=print,
+) -> pd.DataFrame:  # fmt: skip
+    cells = finished_cells(out, task_name, methods)
+    if not cells:
+        raise FileNotFoundError(
+            f"no finished {task_name} cells with checkpoints under {out}/runs/{task_name}/; "
+            f"run `pe-bench run --tasks {task_name} --methods ...` first"
+        )
+    test_sets: dict[tuple[int, int], object] = {}
+    rows = []
+    for cell in cells:
+        task, model, encoding = load_cell(cell.directory, data_root)
+        train = (task.data.image_size, task.data.image_size)
+        data = task.datamodule(seed=0)
+        interpolable = get_encoding(encoding).supports_position_interpolation
+        for size in resolutions:
+            if size not in test_sets:
+                test_sets[size] = data.test_set_at(*size)
+            loader = data.loader(test_sets[size])
+            for interpolate in (False, True):
+                value = None
+                if not interpolate or interpolable:
+                    model.position_scale = interpolation_scale(train, size) if interpolate else 1.0
+                    value = accuracy(model, loader)
+                rows.append(
+                    {
+                        "method": cell.method,
+                        "seed": cell.seed,
+                        "resolution": resolution_label(size),
+                        "pixels": size[0] * size[1],
+                        "interpolation": interpolate,
+                        "accuracy": value,
+                    }
+                )
+        model.position_scale = 1.0
+        say(f"  {task_name} · {cell.method} · seed {cell.seed}: evaluated at {len(resolutions)} resolutions")
+    return pd.DataFrame(rows)
+
+
+def _pivot(frame: pd.DataFrame, interpolate: bool) -> pd.DataFrame:
+    subset = frame[frame["interpolation"] == interpolate]
+    order = list(dict.fromkeys(subset.sort_values("pixels")["resolution"]))
+    table = subset.groupby(["method", "resolution"])["accuracy"].mean().unstack("resolution")
+    return table.reindex(columns=order)
+
+
+def _marked(table: pd.DataFrame, text: pd.DataFrame) -> pd.DataFrame:
+    """Bold the best and underline the next-best value of each column."""
+    marked = text.copy()
+    for column in table.columns:
+        ranks = table[column].round(1).rank(method="dense", ascending=False)
+        for method in table.index:
+            if ranks[method] == 1:
+                marked.loc[method, column] = f"**{text.loc[method, column]}**"
+            elif ranks[method] == 2:
+                marked.loc[method, column] = f"<u>{text.loc[method, column]}</u>"
+    return marked
+
+
+def _fmt(table: pd.DataFrame) -> pd.DataFrame:
+    return table.apply(lambda col: col.map(lambda v: "n/a" if pd.isna(v) else f"{v:.1f}"))
+
+
+def extrapolation_tables(frame: pd.DataFrame) -> dict[str, str]:
+    plain, interp = _pivot(frame, False), _pivot(frame, True)
+    table5 = _marked(plain, _fmt(plain))
+    change = interp - plain
+    text6 = _fmt(interp).copy()
+    for method in interp.index:
+        for column in interp.columns:
+            if pd.notna(change.loc[method, column]):
+                text6.loc[method, column] += f" ({change.loc[method, column]:+.1f})"
+    table6 = _marked(interp, text6)
+    # Table 7: per method the setting with the higher mean accuracy over all resolutions.
+    use_interp = interp.mean(axis=1).fillna(-1) > plain.mean(axis=1)
+    best = pd.DataFrame([interp.loc[m] if use_interp[m] else plain.loc[m] for m in plain.index], index=plain.index)
+    text7 = _fmt(best)
+    text7.index = [f"{m} ({'with' if use_interp[m] else 'without'} interpolation)" for m in best.index]
+    table7 = _marked(best.set_axis(text7.index), text7)
+    for t in (table5, table6, table7):
+        t.index.name = "Position encoding"
+    return {
+        "table5": table5.to_markdown(),
+        "table6": table6.to_markdown(),
+        "table7": table7.to_markdown(),
+    }
+
+
+def plot(frame: pd.DataFrame, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plain = frame[~frame["interpolation"]]
+    means = plain.groupby(["method", "resolution", "pixels"])["accuracy"].mean().reset_index()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, group in means.groupby("method"):
+        group = group.sort_values("pixels")
+        ax.plot(group["resolution"], group["accuracy"], marker="o", label=method)
+    ax.set_xlabel("evaluation resolution")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=150)
+    fig.savefig(path.with_suffix(".pdf"))
+    plt.close(fig)
+
+
+def write_extrapolation(out: Path, task_name: str, frame: pd.DataFrame, train_label: str) -> str:
+    target = Path(out) / "extrapolation" / task_name
+    target.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(target / "results.csv", index=False)
+    tables = extrapolation_tables(frame)
+    captions = {
+        "table5": f"Extrapolation without position interpolation (trained at {train_label}); best bold.",
+        "table6": "With position interpolation (positions x train/test size); change against table 5 in brackets.",
+        "table7": "Best configuration per encoding (the setting with the higher mean over resolutions).",
+    }
+    text = []
+    for name, table in tables.items():
+        body = f"{captions[name]}\n\n{table}\n"
+        (target / f"{name}.md").write_text(body)
+        text.append(f"### {name}\n{body}")
+    plot(frame, target / "figure", f"{task_name}: accuracy vs resolution (trained at {train_label})")
+    return "\n".join(text)

@@ -1,0 +1,1 @@
+"""Helpers shared by several task families (never imported sideways between families)."""

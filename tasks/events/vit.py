@@ -1,0 +1,80 @@
+"""The event ViT: Spiking Patches tokens -> ViT encoder -> CLS head (PaPE on DvsGesture).
+
+Token embedding as Øhrstrøm et al. (2025): log(1 + counts) of the (2, buckets, patch,
+patch) volume, then a learned linear map to the model width (their Conv2d with kernel =
+stride = patch is exactly this). Positions are (patch x, patch y, spike time x
+``time_scale``) - PaPE scales microseconds by 1/50,000 on DvsGesture. Samples have
+different token counts: a batch is padded to its longest sequence and ``valid`` masks the
+padding (the CLS token, without position, is always valid).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from pe_bench.adapters import Geometry, PositionLayout
+from pe_bench.harness.config import ModelConfig
+from pe_bench.tasks._shared.vit import TokenClassifier, prepend_token
+
+from .tokenizer import EventTokens
+
+
+@dataclass
+class EventBatch:
+    features: Tensor  # (B, N, 2, buckets, patch, patch) event counts
+    coords: Tensor  # (B, N, 3) patch x, patch y, spike time (us, relative to the sample)
+    valid: Tensor  # (B, N) False for padding
+
+    def __len__(self) -> int:
+        return self.features.shape[0]
+
+
+def collate_tokens(items: list[tuple[EventTokens, int]]) -> tuple[EventBatch, Tensor]:
+    """Pad variable-length token sequences to the longest of the batch (at least one slot)."""
+    length = max(1, *(len(tokens) for tokens, _ in items))
+    shape = items[0][0].features.shape[1:]
+    features = torch.zeros(len(items), length, *shape)
+    coords = torch.zeros(len(items), length, 3)
+    valid = torch.zeros(len(items), length, dtype=torch.bool)
+    for i, (tokens, _) in enumerate(items):
+        n = len(tokens)
+        features[i, :n] = torch.from_numpy(tokens.features)
+        coords[i, :n] = torch.from_numpy(np.stack([tokens.x, tokens.y, tokens.t], axis=-1).astype(np.float32))
+        valid[i, :n] = True
+    labels = torch.tensor([label for _, label in items])
+    return EventBatch(features, coords, valid), labels
+
+
+class EventViT(TokenClassifier):
+    def __init__(
+        self,
+        method: str,
+        method_options: dict[str, Any],
+        model: ModelConfig,
+        feature_shape: tuple[int, ...],
+        time_scale: float,
+        num_classes: int,
+    ) -> None:
+        super().__init__()
+        # Irregular positions: tokens appear where and when patches spike, no grid.
+        self.geometry = Geometry(pos_dim=3, grid_shape=None, units="patch, patch, time x scale", num_prefix_tokens=1)
+        self.time_scale = time_scale
+        self.embed = nn.Linear(math.prod(feature_shape), model.dim)
+        self.build_trunk(method, method_options, model, num_classes)
+
+    def forward(self, batch: EventBatch) -> Tensor:
+        tokens = self.embed(torch.log1p(batch.features.flatten(2)))
+        x = prepend_token(self.cls_token, tokens)
+        scale = torch.tensor([1.0, 1.0, self.time_scale], device=x.device)
+        coords = torch.cat([torch.zeros_like(batch.coords[:, :1]), batch.coords * scale], dim=1)
+        cls = torch.ones_like(batch.valid[:, :1])
+        has_pos = torch.cat([~cls, torch.ones_like(batch.valid)], dim=1)
+        valid = torch.cat([cls, batch.valid], dim=1)
+        layout = PositionLayout(coords=coords, has_pos=has_pos, valid=valid)
+        return self.head(self.encoder(x, layout)[:, 0])

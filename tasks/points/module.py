@@ -1,0 +1,143 @@
+"""Models (backbone + head) and Lightning modules for point-cloud classification and segmentation."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics import Metric
+from torchmetrics.classification import MulticlassAccuracy
+
+from pe_bench.harness.config import OptimConfig
+from pe_bench.harness.module import DivergedError, configure_optimizer
+
+from .ptv3 import PointBatch, PTv3
+
+IGNORE_INDEX = -1
+
+
+def _points(batch: dict) -> PointBatch:
+    return PointBatch(batch["coord"], batch["grid_coord"], batch["batch"], batch["feat"])
+
+
+class PointClassifier(nn.Module):
+    """PTv3 encoder, mean over each sample's points, Pointcept's DefaultClassifier head."""
+
+    def __init__(self, backbone: PTv3, num_classes: int, hidden: tuple[int, int] = (256, 128)) -> None:
+        super().__init__()
+        self.backbone = backbone
+        c = backbone.out_channels
+        self.head = nn.Sequential(
+            nn.Linear(c, hidden[0]), nn.BatchNorm1d(hidden[0]), nn.ReLU(), nn.Dropout(0.5),
+            nn.Linear(hidden[0], hidden[1]), nn.BatchNorm1d(hidden[1]), nn.ReLU(), nn.Dropout(0.5),
+            nn.Linear(hidden[1], num_classes),
+        )  # fmt: skip
+
+    def forward(self, batch: dict) -> Tensor:
+        return self.head(self.backbone(_points(batch)))
+
+
+class PointSegmenter(nn.Module):
+    """PTv3 U-Net and a linear per-point head (Pointcept's DefaultSegmentorV2)."""
+
+    def __init__(self, backbone: PTv3, num_classes: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(backbone.out_channels, num_classes)
+
+    def forward(self, batch: dict) -> Tensor:
+        return self.head(self.backbone(_points(batch)))
+
+
+class MeanIoU(Metric):
+    """mIoU from an accumulated confusion matrix, over the classes present in prediction or
+    target (ScanNet's convention: a class absent from the evaluated scenes does not count)."""
+
+    def __init__(self, num_classes: int, ignore_index: int = IGNORE_INDEX) -> None:
+        super().__init__()
+        self.num_classes, self.ignore_index = num_classes, ignore_index
+        self.add_state("confusion", torch.zeros(num_classes, num_classes, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        keep = target != self.ignore_index
+        idx = target[keep] * self.num_classes + preds[keep]
+        self.confusion += torch.bincount(idx, minlength=self.num_classes**2).view(self.num_classes, -1)
+
+    def compute(self) -> Tensor:
+        cm = self.confusion.double()
+        inter = cm.diag()
+        union = cm.sum(0) + cm.sum(1) - inter
+        present = union > 0
+        return (inter[present] / union[present]).mean().float() if present.any() else torch.tensor(0.0)
+
+
+def _check(loss: Tensor, step: int) -> None:
+    if not torch.isfinite(loss):
+        raise DivergedError(f"non-finite training loss ({loss.item()}) at step {step}")
+
+
+class PointClassificationModule(L.LightningModule):
+    """Overall accuracy (``acc``, the table metric) and mean class accuracy (``macc``)."""
+
+    def __init__(self, model: nn.Module, num_classes: int, optim: OptimConfig) -> None:
+        super().__init__()
+        self.model, self.optim = model, optim
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_macc = MulticlassAccuracy(num_classes, average="macro")
+        self.test_macc = MulticlassAccuracy(num_classes, average="macro")
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        logits = self.model(batch)
+        loss = F.cross_entropy(logits.float(), batch["label"], label_smoothing=self.optim.label_smoothing)
+        _check(loss, self.global_step)
+        self.log("train/loss", loss, prog_bar=True, on_step=False, on_epoch=True, batch_size=len(batch["label"]))
+        return loss
+
+    def _eval(self, batch: dict, split: str) -> None:
+        logits, labels = self.model(batch), batch["label"]
+        acc, macc = getattr(self, f"{split}_acc"), getattr(self, f"{split}_macc")
+        acc(logits, labels)
+        macc(logits, labels)
+        self.log(f"{split}/acc", acc, prog_bar=split == "val", on_epoch=True, batch_size=len(labels))
+        self.log(f"{split}/macc", macc, on_epoch=True, batch_size=len(labels))
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval(batch, "val")
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval(batch, "test")
+
+    def configure_optimizers(self) -> dict:
+        return configure_optimizer(self, self.optim)
+
+
+class PointSegmentationModule(L.LightningModule):
+    """Cross-entropy with ignore index; ``miou`` the table metric, point accuracy beside it."""
+
+    def __init__(self, model: nn.Module, num_classes: int, optim: OptimConfig) -> None:
+        super().__init__()
+        self.model, self.optim = model, optim
+        self.val_miou, self.test_miou = MeanIoU(num_classes), MeanIoU(num_classes)
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        logits = self.model(batch)
+        loss = F.cross_entropy(logits.float(), batch["segment"], ignore_index=IGNORE_INDEX)
+        _check(loss, self.global_step)
+        self.log("train/loss", loss, prog_bar=True, on_step=False, on_epoch=True, batch_size=1)
+        return loss
+
+    def _eval(self, batch: dict, split: str) -> None:
+        metric = getattr(self, f"{split}_miou")
+        metric(self.model(batch).argmax(-1), batch["segment"])
+        self.log(f"{split}/miou", metric, prog_bar=split == "val", on_epoch=True, batch_size=1)
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval(batch, "val")
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval(batch, "test")
+
+    def configure_optimizers(self) -> dict:
+        return configure_optimizer(self, self.optim)

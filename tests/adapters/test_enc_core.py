@@ -1,0 +1,178 @@
+"""Math of the foundation encodings: PaPE's two forms, RoPE's relativity, CAPE, abspos, sincos."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from _encoding_checks import DIM, HEADS, make_attention, random_layout
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pe_bench.adapters import Geometry, PositionLayout, build
+from pe_bench.adapters.transforms import mean_normalize
+from pe_bench.harness.attention import Attention
+
+
+def _twin_pape(options: dict, pos_dim: int, cross: bool = False) -> tuple[Attention, Attention]:
+    """Efficient and explicit PaPE layers with identical weights."""
+    efficient = make_attention("pape", pos_dim, {**options, "form": "efficient"}, cross=cross)
+    explicit = make_attention("pape", pos_dim, {**options, "form": "explicit"}, cross=cross)
+    explicit.load_state_dict(efficient.state_dict())
+    return efficient, explicit
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    pos_dim=st.integers(1, 3),
+    m=st.integers(1, 12),
+    n=st.integers(2, 12),
+    prefix=st.integers(0, 2),
+    seed=st.integers(0, 10_000),
+    variant=st.sampled_from(
+        [{}, {"quadratic": False}, {"linear": False}, {"context": False}, {"softplus": False}, {"project": False}]
+    ),
+)
+def test_pape_efficient_form_equals_explicit_bias(pos_dim, m, n, prefix, seed, variant):
+    """Eq. 13-14 (our narrower factorisation) reproduce Eq. 9 exactly, for every ablation."""
+    efficient, explicit = _twin_pape({"m": m, **variant}, pos_dim)
+    layout, x = random_layout(2, n, pos_dim, prefix=prefix, seed=seed)
+    torch.testing.assert_close(efficient.logits(x, layout), explicit.logits(x, layout), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(efficient(x, layout), explicit(x, layout), rtol=1e-9, atol=1e-9)
+
+
+def test_pape_forms_agree_in_cross_attention_with_padding():
+    efficient, explicit = _twin_pape({"m": 6}, 2, cross=True)
+    query, xq = random_layout(2, 4, 2, prefix=1, seed=3)
+    key, xk = random_layout(2, 9, 2, seed=4)
+    key.valid = torch.ones(2, 9, dtype=torch.bool)
+    key.valid[1, 6:] = False
+    out_e = efficient(xq, query, context=xk, key=key)
+    out_x = explicit(xq, query, context=xk, key=key)
+    torch.testing.assert_close(out_e, out_x, rtol=1e-9, atol=1e-9)
+
+
+def test_pape_bias_matches_equation_9_by_hand():
+    """One head, m = 1, P = 1: bias = (a Δ² + b Δ)/sqrt(h) with Δ = w (r_j - r_i)."""
+    attn = make_attention("pape", 1, {"m": 1, "form": "explicit"})
+    layer = attn.encoding
+    layout, x = random_layout(1, 4, 1, seed=5)
+    a, b = layer.coefficients(x)
+    w = layer.w_p[:, 0, 0]  # (H,)
+    r = layout.coords[0, :, 0].double()
+    delta = w[:, None, None] * (r[None, None, :] - r[None, :, None])  # (H, Nq, Nk)
+    expected = (a[0, :, :, :1] * delta**2 + b[0, :, :, :1] * delta) / math.sqrt(DIM // HEADS)
+    inputs = _inputs(x, layout)
+    torch.testing.assert_close(layer.bias(torch.zeros(1, HEADS, 4, DIM // HEADS), None, inputs)[0], expected)
+
+
+def _inputs(x, layout):
+    from pe_bench.adapters import AttentionInputs
+
+    return AttentionInputs(x_q=x, x_k=x, query=layout, key=layout)
+
+
+def test_pape_widens_heads_by_2m_plus_1_padded_to_8():
+    attn = make_attention("pape", 2, {"m": 5})
+    layout, x = random_layout(1, 7, 2)
+    q = torch.randn(1, HEADS, 7, DIM // HEADS, dtype=torch.float64)
+    q2, k2 = attn.encoding.transform_qk(q, q.clone(), _inputs(x, layout))
+    width = DIM // HEADS + 2 * 5 + 1
+    assert q2.shape[-1] == k2.shape[-1] == width + (-width % 8)
+
+
+def test_pape_a_is_negative_so_distance_decays():
+    attn = make_attention("pape", 2, {"m": 4})
+    a, _ = attn.encoding.coefficients(torch.randn(3, 10, DIM, dtype=torch.float64))
+    assert (a < 0).all()
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), pos_dim=st.integers(1, 3), shift=st.floats(-50, 50))
+def test_rope_scores_depend_only_on_relative_position(seed, pos_dim, shift):
+    attn = make_attention("rope", pos_dim, {"base": 100.0})
+    layout, x = random_layout(2, 9, pos_dim, seed=seed)
+    moved = layout.with_coords(layout.coords + shift)
+    torch.testing.assert_close(attn.logits(x, moved), attn.logits(x, layout), rtol=1e-7, atol=1e-7)
+
+
+def test_rope_equals_explicit_rotation_formula():
+    """1-D, one rotation pair per frequency: q_i.k_j rotated = Re(q_c conj(k_c) e^{i θ (r_i - r_j)})."""
+    attn = make_attention("rope", 1, {"base": 10.0})
+    layout, _ = random_layout(1, 5, 1, seed=7)
+    q = torch.randn(1, HEADS, 5, DIM // HEADS, dtype=torch.float64)
+    k = torch.randn(1, HEADS, 5, DIM // HEADS, dtype=torch.float64)
+    rq, rk = attn.encoding.transform_qk(q, k, _inputs(torch.zeros(1, 5, DIM, dtype=torch.float64), layout))
+    freqs = attn.encoding.frequencies[0].double()  # (F,)
+    qc = torch.view_as_complex(q.unflatten(-1, (-1, 2)).contiguous())
+    kc = torch.view_as_complex(k.unflatten(-1, (-1, 2)).contiguous())
+    r = layout.coords[0, :, 0].double()
+    phase = torch.exp(1j * freqs[None, None, :] * (r[:, None, None] - r[None, :, None]))  # (Nq, Nk, F)
+    expected = torch.einsum("bhif,bhjf,ijf->bhij", qc, kc.conj(), phase).real
+    torch.testing.assert_close(rq @ rk.transpose(-1, -2), expected)
+
+
+def test_cape_is_mean_normalisation_only_in_eval_mode():
+    geometry = Geometry(pos_dim=2, grid_shape=(4, 6), num_prefix_tokens=1)
+    cape = build("cape", geometry, DIM, HEADS, 1).eval()
+    layout = PositionLayout.grid(2, (4, 6), 1)
+    prepared = cape.prepare(layout)
+    unit = layout.coords * torch.tensor([2 / 3, 2 / 5]) - 1  # CAPE's linspace(-1, 1, n) per axis
+    expected = mean_normalize(layout.with_coords(unit)).coords
+    torch.testing.assert_close(prepared.coords[:, 1:], expected[:, 1:])
+    assert prepared.coords[:, 1:].mean(1).abs().max() < 1e-6
+
+
+def test_cape_training_augmentation_stays_within_its_bounds():
+    geometry = Geometry(pos_dim=1, grid_shape=None)
+    cape = build("cape", geometry, DIM, HEADS, 1, {"max_global_shift": 0.5, "max_local_shift": 0.1, "max_scale": 1.4})
+    cape.train()
+    cape.generator = torch.Generator().manual_seed(0)
+    coords = torch.linspace(-3, 3, 50).reshape(1, 50, 1).expand(400, -1, -1).clone()
+    layout = PositionLayout(coords=coords, has_pos=torch.ones(400, 50, dtype=torch.bool))
+    out = cape.prepare(layout).coords
+    scale = (out[:, -1] - out[:, 0]) / 6  # λ (1 + (ε_last - ε_first)/6)
+    assert scale.min() > 1 / 1.4 * (1 - 0.2 / 6) - 1e-6 and scale.max() < 1.4 * (1 + 0.2 / 6) + 1e-6
+    assert scale.std() > 0.05  # the scale really varies across sequences
+    assert (out.mean(1).abs() / scale).max() < (0.5 + 0.1) / (1 - 0.2 / 6) + 1e-5  # |Δ + mean ε| <= Δmax + εmax
+
+
+def test_cape_two_dim_frequencies_follow_eq_4():
+    cape = build("cape", Geometry(pos_dim=2, grid_shape=(3, 3)), 8, 2, 1)
+    k = torch.arange(4, dtype=torch.float32)
+    rho = 10 ** ((k + 1) / 4)
+    expected = math.pi * torch.stack([rho * torch.cos(k), rho * torch.sin(k)], dim=-1)
+    torch.testing.assert_close(cape.frequencies, expected)
+
+
+def test_abspos_resizes_bicubically_and_is_exact_on_its_own_grid():
+    geometry = Geometry(pos_dim=2, grid_shape=(4, 4), num_prefix_tokens=1)
+    abspos = build("abspos", geometry, DIM, HEADS, 1)
+    x = torch.zeros(1, 17, DIM)
+    same = abspos.embed(x, PositionLayout.grid(1, (4, 4), 1))
+    torch.testing.assert_close(same[0, 1:], abspos.table.flatten(2)[0].T)
+    assert same[0, 0].abs().max() == 0  # CLS gets no positional vector
+    bigger = abspos.embed(torch.zeros(1, 65, DIM), PositionLayout.grid(1, (8, 8), 1))
+    expected = torch.nn.functional.interpolate(abspos.table, size=(8, 8), mode="bicubic", align_corners=False)
+    torch.testing.assert_close(bigger[0, 1:], expected.flatten(2)[0].T)
+
+
+def test_sincos_splits_channels_across_axes():
+    sincos = build("sincos", Geometry(pos_dim=2, grid_shape=(3, 3)), 8, 2, 1)
+    coords = torch.tensor([[[1.0, 2.0]]])
+    feats = sincos.features(coords)[0, 0]
+    f = torch.tensor([1.0, 0.01])  # base 10000, 2 frequencies per axis
+    expected = torch.cat([torch.cos(1 * f), torch.sin(1 * f), torch.cos(2 * f), torch.sin(2 * f)])
+    torch.testing.assert_close(feats, expected)
+
+
+@pytest.mark.parametrize("name", ["nopos", "sincos", "abspos", "rope", "pape", "cape"])
+def test_foundation_encodings_build_in_a_vit_and_run_at_another_resolution(name):
+    from pe_bench.harness.config import ModelConfig
+    from pe_bench.tasks._shared.vit import ViT
+
+    config = ModelConfig(dim=32, depth=2, num_heads=4, patch_size=4)
+    model = ViT(name, {"m": 4} if name == "pape" else {}, config, (16, 16), 3, 5).eval()
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, 5)
+    assert torch.isfinite(model(torch.randn(1, 3, 24, 32))).all()  # non-square, larger grid

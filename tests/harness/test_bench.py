@@ -1,0 +1,35 @@
+"""The benchmark command's structure (figures are printed, never asserted: machines are noisy)."""
+
+from __future__ import annotations
+
+from pe_bench.harness.cli import main
+from pe_bench.harness.reports.bench import BenchSpec, forward_table, sweep_table
+
+
+def test_forward_table_is_relative_to_nopos_and_counts_positional_parameters():
+    spec = BenchSpec(model="tiny", methods=("rope", "pape[m=4]", "abspos", "alibi"), batches=(1, 4), train_batch=2)
+    table = forward_table(BenchSpec(**{**spec.__dict__, "repeats": 1}))
+    assert list(table.index) == ["nopos", "rope", "pape[m=4]", "abspos", "alibi"]
+    for column in ("infer_ms_per_image_b1", "infer_ms_per_image_b4", "train_step_ms_b2"):
+        assert table.loc["nopos", f"{column}_vs_nopos"] == 1.0 and (table[column] > 0).all()
+    # fused-kernel encodings reach a fused kernel (CPU flash also takes ALiBi's float bias,
+    # which is still an N x N tensor: the bias, not the kernel, decides the memory)
+    backends = {"FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "OVERRIDEABLE", "MATH"}
+    assert all(set(choice.split("+")) <= backends for choice in table["sdpa"])
+    assert "MATH" not in table.loc["rope", "sdpa"] and "MATH" not in table.loc["pape[m=4]", "sdpa"]
+    assert table.loc["rope", "pos_params"] == 0 and table.loc["nopos", "pos_params"] == 0
+    # PaPE per layer: W_a, W_b (2 m H d) + W_p (H m P); tiny ViT: d 64, H 4, depth 4, P 2.
+    assert table.loc["pape[m=4]", "pos_params"] == 4 * (2 * 4 * 4 * 64 + 4 * 4 * 2)
+    assert table.loc["abspos", "pos_params"] == 64 * 6 * 6
+    assert (table["peak_mib"] > 0).all()  # a fresh process holds at least the weights
+
+
+def test_sweep_measures_each_point_in_a_fresh_process():
+    sweep = sweep_table(["nopos", "pape[form=explicit]"], [64], dim=32, heads=4)
+    assert sweep.loc[64, ("peak_mib", "nopos")] >= 0 and sweep.loc[64, ("ms", "pape[form=explicit]")] > 0
+
+
+def test_bench_command_prints_the_table(capsys):
+    assert main(["bench", "--model", "tiny", "--methods", "nopos,rope", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "infer_ms_per_image_b32_vs_nopos" in out and "train_step_ms_b32" in out and "device:" in out

@@ -1,0 +1,114 @@
+"""Typed configs: bad keys and values are errors that name the key; overrides merge."""
+
+from __future__ import annotations
+
+import pytest
+
+from pe_bench.harness.config import ConfigError, load_run_config, parse_overrides
+from pe_bench.harness.grid.methods import parse_method, parse_methods
+from pe_bench.tasks import get_task
+
+
+def test_profiles_of_every_task_validate():
+    for task in ("imagenet", "cifar10", "cifar100"):
+        for profile in ("tiny", "paper"):
+            config = load_run_config(task, profile)
+            get_task(task)(config)  # data section validated by the task
+
+
+def test_paper_profile_carries_table_8_imagenet_column():
+    config = load_run_config("imagenet", "paper")
+    assert (config.model.dim, config.model.depth, config.model.num_heads, config.model.patch_size) == (768, 12, 12, 16)
+    assert config.optim.lr == 0.0006 and config.optim.batch_size == 1024 and config.optim.epochs == 300
+    assert config.optim.warmup_epochs == 15 and config.optim.label_smoothing == 0.1
+    assert config.model.drop_path == 0.1 and config.model.head_init == "zero"
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ConfigError, match=r"imagenet/tiny: optim\.lrr"):
+        load_run_config("imagenet", "tiny", parse_overrides(["optim.lrr=0.1"]))
+
+
+def test_bad_value_is_named():
+    with pytest.raises(ConfigError, match=r"model\.depth"):
+        load_run_config("imagenet", "tiny", parse_overrides(["model.depth=deep"]))
+
+
+def test_bad_data_key_is_named_by_the_task():
+    config = load_run_config("imagenet", "tiny", parse_overrides(["data.image_sise=32"]))
+    with pytest.raises(ConfigError, match=r"data: image_sise"):
+        get_task("imagenet")(config)
+
+
+def test_overrides_are_parsed_as_yaml_scalars():
+    config = load_run_config("imagenet", "tiny", parse_overrides(["optim.epochs=2", "model.dim=32"]))
+    assert config.optim.epochs == 2 and config.model.dim == 32
+
+
+def test_unknown_profile():
+    with pytest.raises(ConfigError, match="no profile 'huge'"):
+        load_run_config("imagenet", "huge")
+
+
+def test_method_specs_with_options():
+    spec = parse_method("pape[m=8,form=explicit]")
+    assert spec.name == "pape" and dict(spec.options) == {"m": 8, "form": "explicit"}
+    labels = [m.label for m in parse_methods("rope,pape[m=2,linear=false],nopos")]
+    assert labels == ["rope", "pape[m=2,linear=false]", "nopos"]
+    from pe_bench.adapters import available
+
+    expanded = [m.label for m in parse_methods("rope,all,pape[m=2]")]
+    assert expanded == ["rope", *[n for n in available() if n != "rope"], "pape[m=2]"]
+
+
+def test_bad_method_option_names_the_key():
+    with pytest.raises(ValueError, match="mm"):
+        parse_method("pape[mm=8]")
+
+
+def test_unknown_method_lists_names_and_close_match():
+    with pytest.raises(KeyError) as info:
+        parse_method("roppe")
+    message = str(info.value)
+    assert "Did you mean 'rope'?" in message and "pape" in message and "nopos" in message
+
+
+def test_trainer_threads_must_be_positive():
+    from pe_bench.harness.config import load_run_config
+
+    assert load_run_config("imagenet", "tiny", {"trainer": {"threads": 1}}).trainer.threads == 1
+    with pytest.raises(ConfigError, match="imagenet/tiny: trainer.threads"):
+        load_run_config("imagenet", "tiny", {"trainer": {"threads": 0}})
+
+
+def test_studies_are_valid_method_grids():
+    from pe_bench.harness.config import load_study, studies
+
+    assert {"pape-ablation", "pape-m"} <= set(studies())
+    ablation = load_study("pape-ablation")
+    specs = parse_methods(",".join(ablation.methods))
+    assert [dict(s.options) for s in specs][1:] == [
+        {"quadratic": False}, {"linear": False}, {"context": False}, {"softplus": False}, {"project": False},
+    ]  # fmt: skip
+    assert ablation.overrides["paper"]["optim"]["epochs"] == 150  # ViT-S, 150 epochs (PaPE Section 5.4)
+    assert [dict(s.options)["m"] for s in parse_methods(",".join(load_study("pape-m").methods))] == [
+        2,
+        4,
+        8,
+        16,
+        32,
+        64,
+    ]
+    with pytest.raises(ConfigError, match="unknown study"):
+        load_study("nope")
+
+
+@pytest.mark.parametrize("profile", ["tiny", "paper"])
+def test_univit_study_overrides_build_valid_image_tasks(profile):
+    from pe_bench.harness.config import load_run_config, load_study
+    from pe_bench.tasks.base import get_task
+
+    study = load_study("univit")
+    task = get_task("imagenet")(load_run_config("imagenet", profile, study.overrides[profile]))
+    assert len(task.data.train_sides) >= 3 and task.data.tta_delta > 0
+    assert task.data.image_size in task.data.train_sides  # the nominal size is one of the training sizes

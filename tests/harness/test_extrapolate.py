@@ -1,0 +1,57 @@
+"""Resolution extrapolation: interpolation scale, table layout, and the command end to end."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from pe_bench.harness.cli import main
+from pe_bench.harness.reports import extrapolate as ex
+
+SMALL = [
+    "--set", "optim.epochs=1", "--set", "data.train_size=64", "--set", "data.val_size=32",
+    "--set", "data.test_size=32", "--set", "model.dim=32", "--set", "model.depth=1",
+]  # fmt: skip
+
+
+def test_resolutions_and_interpolation_scale():
+    assert ex.parse_resolutions("24, 48,96x48") == [(24, 24), (48, 48), (96, 48)]
+    assert ex.default_resolutions(24, 4, "tiny") == [(24, 24), (36, 36), (48, 48), (72, 72), (96, 96)]
+    assert ex.default_resolutions(224, 16, "paper")[-1] == (1024, 1024)
+    assert ex.interpolation_scale((224, 224), (448, 896)).tolist() == [0.5, 0.25]
+
+
+def _frame(rows):
+    return pd.DataFrame(rows, columns=["method", "seed", "resolution", "pixels", "interpolation", "accuracy"])
+
+
+def test_tables_5_6_7_layout():
+    rows = []
+    for method, plain, interp in (("sincos", (80, 40), (80, 70)), ("pape", (81, 75), (81, 60))):
+        for (res, pixels), p, i in zip((("224²", 1), ("448²", 4)), plain, interp, strict=True):
+            rows += [(method, 0, res, pixels, False, p), (method, 0, res, pixels, True, i)]
+    rows += [("abspos", 0, "224²", 1, False, 79.0), ("abspos", 0, "224²", 1, True, None)]
+    rows += [("abspos", 0, "448²", 4, False, 30.0), ("abspos", 0, "448²", 4, True, None)]
+    tables = ex.extrapolation_tables(_frame(rows))
+    assert "**75.0**" in tables["table5"] and "<u>40.0</u>" in tables["table5"]
+    assert "70.0 (+30.0)" in tables["table6"] and "60.0 (-15.0)" in tables["table6"]
+    assert "n/a" in tables["table6"]
+    table7 = tables["table7"]
+    assert "sincos (with interpolation)" in table7 and "pape (without interpolation)" in table7
+    assert "abspos (without interpolation)" in table7
+    assert table7.index("224²") < table7.index("448²")  # resolutions in increasing order
+
+
+@pytest.mark.slow
+def test_extrapolate_command_end_to_end(tmp_path, capsys):
+    assert main(["run", "--tasks", "imagenet", "--methods", "rope,abspos", "--out", str(tmp_path), *SMALL]) == 0
+    code = main(["extrapolate", "--task", "imagenet", "--resolutions", "24,48x24", "--out", str(tmp_path)])
+    assert code == 0
+    target = tmp_path / "extrapolation" / "imagenet"
+    for name in ("results.csv", "table5.md", "table6.md", "table7.md", "figure.png", "figure.pdf"):
+        assert (target / name).is_file(), name
+    frame = pd.read_csv(target / "results.csv")
+    assert frame[(frame.method == "abspos") & frame.interpolation]["accuracy"].isna().all()
+    rope = frame[(frame.method == "rope") & (frame.resolution == "24²")].set_index("interpolation")["accuracy"]
+    assert rope[True] == rope[False]  # at the training resolution the scale is 1: nothing changes
+    assert "48×24" in (target / "table5.md").read_text()  # non-square evaluation works

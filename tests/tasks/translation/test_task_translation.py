@@ -1,0 +1,251 @@
+"""Translation task: readers, corpus, beam search, masking, positions, BLEU, one tiny cell."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pe_bench.harness.config import ModelConfig
+from pe_bench.tasks.translation.beam import beam_search
+from pe_bench.tasks.translation.corpus import build_pairs, stack_pairs
+from pe_bench.tasks.translation.io import DatasetMissingError, read_split
+from pe_bench.tasks.translation.model import PositionFrame, Seq2SeqTransformer
+from pe_bench.tasks.translation.module import corpus_scores
+from pe_bench.tasks.translation.tokenizer import BOS, EOS, PAD
+
+ONE_D = ["nopos", "sincos", "abspos", "relpos", "rope", "pape", "alibi", "cape"]
+
+
+def write_corpus(folder: Path, pairs: list[tuple[str, str]], splits=("train", "valid", "test")) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in splits:
+        (folder / f"{split}.en").write_text("".join(p[0] + "\n" for p in pairs), encoding="utf-8")
+        (folder / f"{split}.de").write_text("".join(p[1] + "\n" for p in pairs), encoding="utf-8")
+
+
+# -- readers and corpus ----------------------------------------------------------------------
+def test_reader_reads_aligned_lines_and_drops_empty_pairs(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "wmt14_en_de", [("Hello world.", "Hallo Welt."), ("", "leer"), ("Two.", "Zwei.")])
+    pairs = read_split(tmp_path / "wmt14_en_de", "valid", "en", "de")
+    assert pairs == [("Hello world.", "Hallo Welt."), ("Two.", "Zwei.")]
+
+
+def test_missing_dataset_names_path_and_layout(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "wmt14_en_de", [("a", "b")], splits=("train", "valid"))
+    with pytest.raises(DatasetMissingError) as err:
+        read_split(tmp_path / "wmt14_en_de", "train", "en", "de")
+    message = str(err.value)
+    assert str(tmp_path / "wmt14_en_de") in message and "test.en" in message
+    assert "train.de" in message and "statmt.org" in message
+
+
+def test_paper_profile_checks_the_data_root_before_training(tmp_path: Path) -> None:
+    from pe_bench.harness.config import load_run_config
+    from pe_bench.tasks import get_task
+
+    task = get_task("wmt14-en-fr")(load_run_config("wmt14-en-fr", "paper"), tmp_path)
+    with pytest.raises(DatasetMissingError, match="wmt14_en_fr lacks train.en, train.fr"):
+        task.check_data()
+
+
+def test_tiny_french_corpus() -> None:
+    pairs = build_pairs(20, seed=1, tgt="fr")
+    assert all(fr and fr != en for en, fr in pairs)
+
+
+def test_misaligned_files_are_reported(tmp_path: Path) -> None:
+    write_corpus(tmp_path, [("a", "b")])
+    (tmp_path / "train.de").write_text("b\nc\n")
+    with pytest.raises(DatasetMissingError, match="has 1 lines but"):
+        read_split(tmp_path, "train", "en", "de")
+
+
+def test_tiny_corpus_is_deterministic_and_reorders() -> None:
+    a, b = build_pairs(50, seed=3), build_pairs(50, seed=3)
+    assert a == b and a != build_pairs(50, seed=4)
+    # German is not a copy of English: most target words do not occur in the source.
+    overlap = sum(len(set(e.split()) & set(d.split())) for e, d in a) / sum(len(d.split()) for _, d in a)
+    assert overlap < 0.5
+
+
+def test_stacking_joins_with_commas_and_lowercase() -> None:
+    pairs = [("One day.", "Ein Tag."), ("Two days.", "Zwei Tage."), ("Three.", "Drei.")]
+    stacked = stack_pairs(pairs, min_target_words=4)
+    assert stacked == [("One day, two days.", "Ein Tag, zwei Tage.")]  # the short remainder is dropped
+
+
+# -- beam search -----------------------------------------------------------------------------
+def table_scorer(table: dict[tuple[int, ...], list[float]], vocab: int):
+    """Next-token log-probs from a hand-made table keyed by the prefix after bos."""
+
+    def step(tokens: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for prefix in tokens.tolist():
+            probs = table.get(tuple(prefix[1:]), [1.0 if i == EOS else 0.0 for i in range(vocab)])
+            rows.append(torch.tensor(probs).clamp_min(1e-9).log())
+        return torch.stack(rows)
+
+    return step
+
+
+def test_beam_finds_the_best_sequence_that_greedy_misses() -> None:
+    vocab = 6
+    # Greedy takes 4 (0.6) and then is unsure (0.35 max); 5 (0.4) then eos (1.0) is best: 0.4 > 0.6 * 0.35.
+    table = {
+        (): [0, 0, 0, 0, 0.6, 0.4],
+        (4,): [0, 0, 0, 0.3, 0.35, 0.35],
+        (5,): [0, 0, 0, 1.0, 0, 0],
+    }
+    step = table_scorer(table, vocab)
+    greedy = beam_search(step, 1, 1, BOS, EOS, 5, length_penalty=0.0)
+    beam = beam_search(step, 1, 2, BOS, EOS, 5, length_penalty=0.0)
+    assert greedy[0][0] == 4
+    assert beam == [[5, EOS]]
+
+
+def test_beam_one_is_greedy_decoding() -> None:
+    torch.manual_seed(0)
+    weights = torch.randn(3, 7, 9)  # one scorer per sentence (row i of the batch is sentence i)
+
+    def step(tokens: torch.Tensor) -> torch.Tensor:
+        logits = weights[torch.arange(tokens.shape[0]), tokens[:, -1] % 7].clone()
+        logits[:, EOS] += 0.4 * tokens.shape[1]  # eos grows likelier, so every sentence ends
+        return logits.log_softmax(-1)
+
+    tokens = torch.full((3, 1), BOS)
+    for _ in range(40):
+        tokens = torch.cat([tokens, step(tokens).argmax(-1, keepdim=True)], dim=1)
+    expected = [row[: row.index(EOS) + 1] for row in tokens[:, 1:].tolist()]
+    assert beam_search(step, 3, 1, BOS, EOS, 40, length_penalty=1.0) == expected
+
+
+# -- model: masking and positions --------------------------------------------------------------
+def tiny_model(method: str, cross: bool = True, shared: bool = False) -> Seq2SeqTransformer:
+    torch.manual_seed(0)
+    config = ModelConfig(dim=32, depth=2, num_heads=4, mlp_ratio=2.0)
+    options = {"m": 4} if method == "pape" else {}
+    frame = PositionFrame(source_scale=1.25, cross_attention_positions=cross, shared_frame=shared, max_global_shift=5.0)
+    return Seq2SeqTransformer(method, options, config, 40, frame, max_positions=64).eval()
+
+
+def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(4, 40, (2, 9), generator=gen), torch.randint(4, 40, (2, 7), generator=gen)
+
+
+@pytest.mark.parametrize("method", ONE_D)
+def test_decoder_is_causal(method: str) -> None:
+    model = tiny_model(method)
+    src, tgt = batch()
+    changed = tgt.clone()
+    changed[:, 4:] = torch.randint(4, 40, (2, 3))
+    with torch.no_grad():
+        a, b = model(src, tgt), model(src, changed)
+    torch.testing.assert_close(a[:, :4], b[:, :4], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ONE_D)
+def test_padding_changes_nothing(method: str) -> None:
+    model = tiny_model(method)
+    src, tgt = batch()
+    pad_src = torch.cat([src, torch.full((2, 5), PAD)], dim=1)
+    pad_tgt = torch.cat([tgt, torch.full((2, 3), PAD)], dim=1)
+    with torch.no_grad():
+        a, b = model(src, tgt), model(pad_src, pad_tgt)
+    torch.testing.assert_close(a, b[:, : tgt.shape[1]], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["rope", "relpos", "alibi", "pape"])
+def test_cross_attention_positions_switch(method: str) -> None:
+    """On: the cross-attention layer has a position module that sees target-vs-source offsets
+    (alpha-scaled source). Off: cross-attention is content-only."""
+    on, off = tiny_model(method, cross=True), tiny_model(method, cross=False)
+    assert on.decoder_blocks[0].cross_attn.encoding is not None
+    assert off.decoder_blocks[0].cross_attn.encoding is None
+    src, tgt = batch()
+    with torch.no_grad():
+        memory, _, memory_layout = on.encode(src)
+        assert torch.allclose(memory_layout.coords[0, :, 0], 1.25 * torch.arange(9.0))
+        x = torch.randn(2, tgt.shape[1], 32)
+        layout = on._layout(tgt, 1.0, None)
+        attn = on.decoder_blocks[0].cross_attn
+        logits = attn.logits(x, layout, context=memory, key=memory_layout)
+        # Moving the source positions changes cross-attention logits only through the encoding.
+        moved = memory_layout.with_coords(memory_layout.coords + 3.0)
+        assert not torch.allclose(logits, attn.logits(x, layout, context=memory, key=moved))
+
+
+def test_shared_frame_shifts_source_and_target_together() -> None:
+    model = tiny_model("cape", shared=True).train()
+    src, tgt = batch()
+    torch.manual_seed(1)
+    noise = model.frame_noise(2, torch.device("cpu"))
+    enc = model._layout(src, model.frame.source_scale, noise).coords[..., 0]
+    dec = model._layout(tgt, 1.0, noise).coords[..., 0]
+    # Same global shift: first positions agree up to the two local shifts (|eps| <= 0.5).
+    assert torch.all((enc[:, 0] - dec[:, 0]).abs() <= 1.0)
+    assert (enc[0, 0] - enc[1, 0]).abs() > 1e-3  # but differ across sentence pairs
+    model.eval()
+    assert model.frame_noise(2, torch.device("cpu")) is None
+
+
+# -- metrics ---------------------------------------------------------------------------------
+def test_bleu_on_known_strings() -> None:
+    refs = ["the cat sat on the mat", "a b c d e"]
+    assert corpus_scores(refs, refs)[0] == pytest.approx(100.0)
+    bleu, chrf = corpus_scores(["the cat sat on the hat", "x y z"], refs)
+    assert 0.0 < bleu < 100.0 and 0.0 < chrf < 100.0
+    assert corpus_scores(["q r s t u v", "w"], refs)[0] == pytest.approx(0.0)
+
+
+# -- end to end ------------------------------------------------------------------------------
+def test_tiny_cell_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    from pe_bench.harness.cli import main
+
+    monkeypatch.setenv("PE_BENCH_CACHE", str(tmp_path / "cache"))
+    # Small models on a shared CPU run many times faster on one thread (no OpenMP spinning).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
+    out = tmp_path / "results"
+    args = [
+        "run",
+        "--tasks",
+        "wmt14-en-de",
+        "--methods",
+        "cape",
+        "--profile",
+        "tiny",
+        "--seeds",
+        "0",
+        "--out",
+        str(out),
+    ]
+    overrides = [
+        "optim.epochs=1", "data.train_size=300", "data.valid_size=16", "data.test_size=16", "data.vocab_size=200",
+        "data.stack_min_words=20", "data.stack_limit=2", "model.dim=32", "model.depth=1", "data.beam_size=2",
+    ]  # fmt: skip
+    for item in overrides:
+        args += ["--set", item]
+    assert main(args) == 0
+    cell = out / "runs" / "wmt14-en-de" / "cape" / "seed0"
+    record = json.loads((cell / "result.json").read_text())
+    assert record["status"] == "ok", record.get("reason")
+    assert (cell / "position_nll.csv").read_text().startswith("position,mean_nll,count")
+    assert (cell / "position_nll.png").stat().st_size > 0
+
+
+def test_figure_overlays_methods(tmp_path: Path) -> None:
+    from pe_bench.tasks.translation.figure import plot, read_curves
+
+    for method, level in (("rope", 1.0), ("cape", 2.0)):
+        cell = tmp_path / "runs" / "wmt14-en-de" / method / "seed0"
+        cell.mkdir(parents=True)
+        rows = "".join(f"{i},{level + 0.01 * i},3\n" for i in range(30))
+        (cell / "position_nll.csv").write_text("position,mean_nll,count\n" + rows)
+    curves = read_curves(tmp_path, "wmt14-en-de")
+    assert sorted(curves) == ["cape", "rope"] and len(curves["rope"][0]) == 30
+    assert plot(tmp_path, "wmt14-en-de", train_max=10).stat().st_size > 0
