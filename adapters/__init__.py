@@ -17,7 +17,7 @@ from .base import (
     PositionLayout,
     Principle,
 )
-from .registry import UnknownEncodingError, available, build, get, register
+from .registry import ENCODINGS, EncodingFactory, UnknownEncodingError, available, build, get, register
 
 # Every module of this package other than the protocol itself is one built-in encoding:
 # importing it runs its @register. Adding an encoding is adding a file.
@@ -28,6 +28,8 @@ for _module in pkgutil.iter_modules(__path__):
 
 __all__ = [
     "AttentionInputs",
+    "ENCODINGS",
+    "EncodingFactory",
     "EncodingOptions",
     "Geometry",
     "LayerEncoding",

@@ -1,77 +1,55 @@
-"""Name -> encoding class, with plug-ins discovered through an entry-point group.
+"""Name -> encoding class, and the factory that backbones build encodings with.
 
 A package adds an encoding without editing pe-bench by declaring, in its pyproject.toml::
 
     [project.entry-points."pe_bench.encodings"]
     my-encoding = "my_package.my_module:MyEncoding"
 
-The entry point may name the class itself or a module whose import registers it.
+The entry point may name the class itself or a module whose import registers it. The
+registry itself is pe-bench's one generic :class:`~pe_bench.registry.Registry` (tasks use
+the same type).
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping
-from importlib.metadata import entry_points
+from dataclasses import dataclass, field
 from typing import Any
+
+from pe_bench.registry import Registry, UnknownNameError
 
 from .base import EncodingOptions, Geometry, PositionEncoding
 
 ENTRY_POINT_GROUP = "pe_bench.encodings"
 
-_REGISTRY: dict[str, type[PositionEncoding]] = {}
-_plugins_loaded = False
+
+class UnknownEncodingError(UnknownNameError):
+    """An encoding name that is not registered."""
 
 
-class UnknownEncodingError(KeyError):
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0])
+def _name_class(name: str, cls: type[PositionEncoding]) -> None:
+    cls.name = name
+
+
+ENCODINGS: Registry[type[PositionEncoding]] = Registry(
+    "position encoding", PositionEncoding, ENTRY_POINT_GROUP, on_register=_name_class
+)
 
 
 def register(name: str) -> Callable[[type[PositionEncoding]], type[PositionEncoding]]:
     """Class decorator: ``@register("rope")`` makes the encoding available under ``name``."""
-
-    def decorate(cls: type[PositionEncoding]) -> type[PositionEncoding]:
-        if not (isinstance(cls, type) and issubclass(cls, PositionEncoding)):
-            raise TypeError(f"@register({name!r}) expects a PositionEncoding subclass, got {cls!r}")
-        existing = _REGISTRY.get(name)
-        if existing is not None and existing is not cls:
-            raise ValueError(f"encoding name {name!r} is already registered by {existing.__module__}")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorate
-
-
-def _load_plugins() -> None:
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        loaded = entry.load()
-        if isinstance(loaded, type) and issubclass(loaded, PositionEncoding) and entry.name not in _REGISTRY:
-            register(entry.name)(loaded)
+    return ENCODINGS.register(name)
 
 
 def available() -> list[str]:
     """All registered encoding names, built-in and plug-in, sorted."""
-    _load_plugins()
-    return sorted(_REGISTRY)
+    return ENCODINGS.names()
 
 
 def get(name: str) -> type[PositionEncoding]:
-    _load_plugins()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        names = available()
-        close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise UnknownEncodingError(
-            f"unknown position encoding {name!r}.{hint} Registered encodings: {', '.join(names)}"
-        ) from None
+    if name not in ENCODINGS:
+        raise UnknownEncodingError(ENCODINGS.unknown_message(name))
+    return ENCODINGS.get(name)
 
 
 def parse_options(name: str, options: Mapping[str, Any] | None) -> EncodingOptions:
@@ -91,3 +69,42 @@ def build(
     if not isinstance(options, EncodingOptions):
         options = cls.Options(**dict(options or {}))
     return cls(geometry=geometry, dim=dim, num_heads=num_heads, depth=depth, options=options)
+
+
+@dataclass(frozen=True)
+class EncodingFactory:
+    """One encoding with its options, ready to be built into any backbone.
+
+    Backbones take this instead of a name and an options dict (timm's way of injecting
+    ``attn_layer``/``block_fn``): ``make_encoding(geometry, dim, num_heads, depth)`` builds
+    one :class:`PositionEncoding`; a backbone with several attention stacks (PTv3's stages,
+    the translation encoder and decoder) calls it once per stack.
+
+    Attributes:
+        name: the registered encoding name ("pape").
+        options: the options as given (task-profile defaults merged with the spec's own);
+            validated on construction, stored as given so that a cell's config records them.
+    """
+
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validated()  # an unknown name or a bad option fails here, before any model exists
+
+    @property
+    def cls(self) -> type[PositionEncoding]:
+        return get(self.name)
+
+    def validated(self) -> EncodingOptions:
+        return self.cls.Options(**dict(self.options))
+
+    def option(self, key: str, default: Any = None) -> Any:
+        """An option's value as given, or ``default`` when the spec and profile leave it unset."""
+        return self.options.get(key, default)
+
+    def unsupported_reason(self, geometry: Geometry) -> str | None:
+        return self.cls.unsupported_reason(geometry)
+
+    def __call__(self, geometry: Geometry, dim: int, num_heads: int, depth: int) -> PositionEncoding:
+        return self.cls(geometry=geometry, dim=dim, num_heads=num_heads, depth=depth, options=self.validated())

@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     lister = sub.add_parser("list", help="list tasks (with groups and profiles) or methods")
     lister.add_argument("what", choices=["tasks", "methods"])
+    lister.add_argument("-v", "--verbose", action="store_true", help="also each encoding's options and defaults")
 
     bench = sub.add_parser("bench", help="forward time, memory and positional parameters vs nopos")
     bench.add_argument("--model", default="tiny", choices=["tiny", "vit-s", "vit-b"])
@@ -143,19 +144,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_table(args: argparse.Namespace) -> int:
     from pe_bench.harness.grid.store import load_records
-    from pe_bench.harness.reports.tables import write_tables
-    from pe_bench.tasks import get_task, implemented
+    from pe_bench.harness.reports.tables import write_extra_tables, write_tables
 
     print(write_tables(args.out))
-    # Tasks' tables beyond the matrix (speech: WER per duration bin), rebuilt from the stored
-    # records as run_grid writes them; a task writing a shared table prints it once.
-    extra = []
-    for name in sorted({r.task for r in load_records(args.out)} & set(implemented())):
-        writer = getattr(get_task(name), "write_extra_tables", None)
-        text = writer(args.out) if callable(writer) else None
-        if text and text not in extra:
-            extra.append(text)
-            print(f"\n{text}")
+    for text in write_extra_tables(args.out, load_records(args.out)):
+        print(f"\n{text}")
     if args.paper:
         from pe_bench.harness.reports.papers import compare_markdown
 
@@ -178,31 +171,53 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _option_lines(cls) -> list[str]:
+    """``key: type = default  description`` for every option of an encoding (``list -v``)."""
+    lines = []
+    for key, field in cls.Options.model_fields.items():
+        annotation = field.annotation
+        kind = annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+        default = "required" if field.is_required() else repr(field.default)
+        about = f"  {field.description}" if field.description else ""
+        lines.append(f"      {key}: {kind} = {default}{about}")
+    return lines
+
+
+def _report_broken_plugins(registry) -> None:
+    for name, why in registry.broken_plugins.items():
+        print(f"plug-ins that failed to load: {registry.kind} {name!r}: {why}", file=sys.stderr)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     if args.what == "methods":
-        from pe_bench.adapters import available, get
+        from pe_bench.adapters import ENCODINGS
 
-        for name in available():
-            cls = get(name)
+        for name in ENCODINGS.names():
+            cls = ENCODINGS.get(name)
             claims = ", ".join(sorted(p.value for p in cls.principles)) or "-"
             where = []
             if cls.pos_dims is not None:
                 where.append(f"P in {{{', '.join(map(str, sorted(cls.pos_dims)))}}}")
             if cls.requires_grid:
                 where.append("grids only")
-            print(f"{name:18s} {claims}" + (f"   [{'; '.join(where)}]" if where else ""))
+            scope = f"   [{'; '.join(where)}]" if where else ""
+            print(f"{name:18s} {claims}{scope}   from {ENCODINGS.origin(name)}")
+            if args.verbose:
+                print("\n".join(_option_lines(cls)) or "      (no options)")
+        _report_broken_plugins(ENCODINGS)
         return 0
-    from pe_bench.tasks import GROUPS, PLANNED, get_task, implemented
+    from pe_bench.tasks import TASKS, get_task, groups, implemented, planned
 
-    for name in PLANNED:
-        if name in implemented():
-            task = get_task(name)
-            print(f"{name:14s} profiles: {', '.join(task.profiles):12s} metric: {task.metric_label}")
-        else:
-            print(f"{name:14s} (not implemented yet)")
-    print("\ngroups:")
-    for group, members in GROUPS.items():
+    for name in implemented():
+        task = get_task(name)
+        profiles = ", ".join(task.profiles)
+        print(f"{name:14s} profiles: {profiles:12s} metric: {task.metric_label:10s} from {TASKS.origin(name)}")
+    for name in planned():
+        print(f"{name:14s} (not implemented yet)")
+    print("\ngroups (configs/groups.yaml):")
+    for group, members in groups().items():
         print(f"  {group:12s} {', '.join(members)}")
+    _report_broken_plugins(TASKS)
     return 0
 
 

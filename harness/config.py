@@ -7,6 +7,7 @@ A bad key or value is an error that names the key (pydantic's ``loc``), e.g.
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -113,9 +114,34 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+_PLUGIN_TASK_YAML: dict[str, Path] = {}
+
+
+def register_task_yaml(task: str, path: Path) -> None:
+    """Where a plug-in task's profiles are (built-ins live in ``configs/tasks/``)."""
+    _PLUGIN_TASK_YAML[task] = path
+
+
+def _builtin_task_files() -> dict[str, Any]:
+    folder = resources.files("pe_bench.configs").joinpath("tasks")
+    return {p.name.removesuffix(".yaml"): p for p in folder.iterdir() if p.name.endswith(".yaml")}
+
+
 def task_yaml(task: str) -> dict[str, Any]:
-    text = resources.files("pe_bench.configs").joinpath("tasks", f"{task}.yaml").read_text()
-    return yaml.safe_load(text)
+    path = _PLUGIN_TASK_YAML.get(task) or _builtin_task_files().get(task)
+    if path is None:
+        raise ConfigError(f"task {task!r} has no configuration file (configs/tasks/{task}.yaml)")
+    return yaml.safe_load(path.read_text())
+
+
+def builtin_task_implementations() -> dict[str, str]:
+    """Task name -> ``module:Class`` from the ``implementation:`` key of every task YAML."""
+    return {name: yaml.safe_load(path.read_text())["implementation"] for name, path in _builtin_task_files().items()}
+
+
+def load_groups() -> dict[str, list[str]]:
+    text = resources.files("pe_bench.configs").joinpath("groups.yaml").read_text()
+    return {name: list(members) for name, members in yaml.safe_load(text).items()}
 
 
 class StudySpec(Strict):

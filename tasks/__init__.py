@@ -1,17 +1,9 @@
-"""Tasks, one module per task family; importing this package registers them.
+"""Tasks: one folder per task family, and the task registry with its groups.
 
-Every module here that is not infrastructure is imported, so that its ``@register_task``
-classes register: adding a task family is adding a module.
+Built-in tasks are declared in ``configs/tasks/<name>.yaml`` (``implementation: module:Class``)
+and imported on first use; plug-in tasks come from the ``pe_bench.tasks`` entry-point group.
 """
 
-import importlib
-import pkgutil
+from .base import TASKS, PatchTask, Task, get_task, groups, implemented, planned, resolve_tasks
 
-from .base import GROUPS, PLANNED, Task, get_task, implemented, register_task, resolve_tasks
-
-_INFRASTRUCTURE = {"base"}
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in _INFRASTRUCTURE and not _module.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_module.name}")
-
-__all__ = ["GROUPS", "PLANNED", "Task", "get_task", "implemented", "register_task", "resolve_tasks"]
+__all__ = ["TASKS", "PatchTask", "Task", "get_task", "groups", "implemented", "planned", "resolve_tasks"]

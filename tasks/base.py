@@ -7,19 +7,28 @@ sets the scale (``tiny``: a small stand-in needing no download; ``paper``: the r
 
 from __future__ import annotations
 
-import difflib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import lightning as L
+import pandas as pd
 from pydantic import ValidationError
 from torch import nn
 
-from pe_bench.adapters import Geometry
-from pe_bench.harness.config import ConfigError, RunConfig, Strict, format_validation_error
+from pe_bench.adapters import EncodingFactory, Geometry
+from pe_bench.harness.config import (
+    ConfigError,
+    RunConfig,
+    Strict,
+    builtin_task_implementations,
+    format_validation_error,
+    load_groups,
+    register_task_yaml,
+)
 from pe_bench.harness.data import PatchDataModule
+from pe_bench.registry import Registry, UnknownNameError
 
 
 class Task(ABC):
@@ -32,6 +41,9 @@ class Task(ABC):
     DataConfig: ClassVar[type[Strict]] = Strict
     #: what the tiny profile substitutes for the real dataset (table footnote)
     tiny_standin: ClassVar[str] = ""
+    #: the YAML with this task's profiles; None for built-ins (``configs/tasks/<name>.yaml``).
+    #: A plug-in task sets it to a file in its own package.
+    config_file: ClassVar[str | Path | None] = None
 
     def __init__(self, config: RunConfig, data_root: Path | None = None) -> None:
         self.config = config
@@ -44,10 +56,13 @@ class Task(ABC):
 
     @abstractmethod
     def geometry(self) -> Geometry:
-        """Positions the backbone hands to the encoding (decides n/a cells)."""
+        """Positions the backbone hands to the encoding: the one source of the task's geometry
+        (the backbone is built for it, and it decides n/a cells)."""
 
     @abstractmethod
-    def build_model(self, method: str, options: dict[str, Any]) -> nn.Module: ...
+    def build_model(self, make_encoding: EncodingFactory) -> nn.Module:
+        """The model (backbone + head); its attention stacks get their encodings from
+        ``make_encoding(geometry, dim, num_heads, depth)``."""
 
     @abstractmethod
     def datamodule(self, seed: int) -> L.LightningDataModule: ...
@@ -60,6 +75,14 @@ class Task(ABC):
         """Task-specific figures for ``pe-bench bench --task NAME`` (e.g. tokenizer events/s,
         backbone time at 10k/100k points) as Markdown; None when the task has none."""
         return None
+
+    @classmethod
+    def extra_tables(cls, records: list[Any]) -> dict[str, pd.DataFrame]:
+        """Tables beyond the result matrix, from finished cells (objects with ``task``,
+        ``method``, ``seed``, ``score``, ``extra``) of every task: name -> numbers. The
+        application writes each as ``<out>/<name>.md`` and ``.csv`` (a ``X_mean``/``X_std``
+        column pair is rendered as "mean ± std" under ``X``). Speech: WER per duration bin."""
+        return {}
 
     def check_data(self) -> None:  # noqa: B027  (optional hook: tasks with real data override it)
         """Fail fast, before any training, when the dataset is missing or malformed."""
@@ -81,44 +104,44 @@ class PatchTask(Task):
         return ClassificationModule(model, self.data.num_classes, self.config.optim)
 
 
-_TASKS: dict[str, type[Task]] = {}
-
-# Tasks of the papers' tables that pe-bench names but has not implemented yet; a group run
-# skips and lists them.
-PLANNED = (
-    "imagenet", "coco", "scannet", "modelnet40", "ucf101", "dvsgesture", "gen1", "nuscenes",
-    "cifar10", "cifar100", "wsj", "tedlium", "wmt14-en-de", "wmt14-en-fr",
-)  # fmt: skip
-
-PAPE_TABLE1 = ("imagenet", "coco", "scannet", "modelnet40", "ucf101", "dvsgesture", "gen1", "nuscenes")
-GROUPS: dict[str, tuple[str, ...]] = {
-    "all": (*PAPE_TABLE1, "wsj", "wmt14-en-de"),
-    "pape-table1": PAPE_TABLE1,
-    "cape": ("imagenet", "wsj", "tedlium", "wmt14-en-de", "wmt14-en-fr"),
-    "sape2": ("cifar10", "cifar100"),
-    "wepe": ("cifar100", "imagenet"),
-    "string": ("imagenet",),
-}
+ENTRY_POINT_GROUP = "pe_bench.tasks"
 
 
-def register_task(cls: type[Task]) -> type[Task]:
-    _TASKS[cls.name] = cls
-    return cls
+def _declare_config(name: str, cls: type[Task]) -> None:
+    cls.name = name
+    if cls.config_file is not None:  # a plug-in task brings its own YAML profiles
+        register_task_yaml(name, Path(cls.config_file))
+
+
+#: Every task: the built-ins declared by ``configs/tasks/<name>.yaml`` (``implementation:
+#: module:Class``, imported on first use) and plug-ins from the ``pe_bench.tasks`` entry-point
+#: group, which name a Task subclass with its own ``config_file``.
+TASKS: Registry[type[Task]] = Registry("task", Task, ENTRY_POINT_GROUP, on_register=_declare_config)
+for _name, _target in builtin_task_implementations().items():
+    TASKS.add_lazy(_name, _target, origin=f"configs/tasks/{_name}.yaml")
+
+
+def groups() -> dict[str, list[str]]:
+    """``configs/groups.yaml``: group name -> task names (some may not be implemented yet)."""
+    return load_groups()
 
 
 def implemented() -> list[str]:
-    return sorted(_TASKS)
+    return TASKS.names()
+
+
+def planned() -> list[str]:
+    """Tasks named in groups that have no implementation yet, in the order groups name them."""
+    named = [task for members in groups().values() for task in members]
+    return [task for task in dict.fromkeys(named) if task not in TASKS]
 
 
 def get_task(name: str) -> type[Task]:
-    if name in _TASKS:
-        return _TASKS[name]
-    if name in PLANNED:
-        raise KeyError(f"task {name!r} is not implemented yet; implemented: {', '.join(implemented())}")
-    known = sorted({*PLANNED, *_TASKS, *GROUPS})
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise KeyError(f"unknown task or group {name!r}.{hint} Tasks: {', '.join(known)}")
+    if name in TASKS:
+        return TASKS.get(name)
+    if name in planned():
+        raise UnknownNameError(f"task {name!r} is not implemented yet; implemented: {', '.join(implemented())}")
+    raise UnknownNameError(TASKS.unknown_message(name, extra_names=[*groups(), *planned()]))
 
 
 def resolve_tasks(spec: str, warn: Callable[[str], None] = print) -> list[str]:
@@ -126,13 +149,16 @@ def resolve_tasks(spec: str, warn: Callable[[str], None] = print) -> list[str]:
     group are skipped with a message; an explicitly named unimplemented task is an error)."""
     names: list[str] = []
     skipped: list[str] = []
+    declared = groups()
     for item in (s.strip() for s in spec.split(",") if s.strip()):
-        if item in GROUPS:
-            for name in GROUPS[item]:
-                (names if name in _TASKS else skipped).append(name)
+        if item in declared:
+            for name in declared[item]:
+                (names if name in TASKS else skipped).append(name)
         else:
             get_task(item)
             names.append(item)
     if skipped:
         warn(f"skipping tasks not implemented yet: {', '.join(dict.fromkeys(skipped))}")
+    if not names:
+        raise UnknownNameError(f"--tasks {spec!r} selects no task; tasks: {', '.join(implemented())}")
     return list(dict.fromkeys(names))

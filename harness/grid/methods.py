@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from pe_bench.adapters import available, get
+from pe_bench.adapters import EncodingFactory, available, get
 
 _SPEC = re.compile(r"^(?P<name>[A-Za-z0-9_.+-]+)(\[(?P<opts>[^\]]*)\])?$")
 
@@ -26,6 +26,10 @@ class MethodSpec:
     def merged_options(self, task_defaults: dict[str, Any] | None) -> dict[str, Any]:
         """Task-profile defaults for this encoding, overridden by the spec's own options."""
         return {**(task_defaults or {}), **dict(self.options)}
+
+    def encoding(self, task_defaults: dict[str, Any] | None) -> EncodingFactory:
+        """The factory backbones build this method's encoding with (task defaults merged)."""
+        return EncodingFactory(self.name, self.merged_options(task_defaults))
 
 
 def parse_method(spec: str) -> MethodSpec:

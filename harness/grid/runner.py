@@ -21,11 +21,12 @@ from typing import Any
 import torch
 import yaml
 
-from pe_bench.adapters import get as get_encoding
+from pe_bench.adapters import EncodingFactory
 from pe_bench.tasks import Task, get_task
 
 from ..config import RunConfig, load_run_config
 from ..module import DivergedError
+from ..reports.tables import write_extra_tables
 from . import store
 from .methods import MethodSpec
 
@@ -63,14 +64,14 @@ def resolve_precision(config: RunConfig) -> str:
     return "bf16-mixed" if on_gpu else "32-true"
 
 
-def _train_and_test(task: Task, method: MethodSpec, options: dict, seed: int, workdir: Path, progress: bool) -> dict:
+def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workdir: Path, progress: bool) -> dict:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
     config = task.config
     L.seed_everything(seed, workers=True, verbose=False)
-    model = task.build_model(method.name, options)
+    model = task.build_model(make_encoding)
     module = task.lightning_module(model)
     data = task.datamodule(seed)
     monitor = f"val/{task.metric}"
@@ -150,17 +151,18 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
         "metric_label": task.metric_label,
         "higher_is_better": task.higher_is_better,
     }
-    reason = get_encoding(method.name).unsupported_reason(task.geometry())
+    make_encoding = method.encoding(config.methods.get(method.name))
+    reason = make_encoding.unsupported_reason(task.geometry())
     if reason:
         record = store.CellRecord(status=store.STATUS_NA, reason=reason, **base)
         store.write_record(final, record)
         return record
-    options = method.merged_options(config.methods.get(method.name))
+    options = dict(make_encoding.options)
     staging = store.staging_dir(final)
     try:
         task.check_data()
         with torch_threads(config.trainer.threads):
-            result = _train_and_test(task, method, options, seed, staging, request.progress)
+            result = _train_and_test(task, make_encoding, seed, staging, request.progress)
             environment = store.environment()  # as the cell ran (threads included)
     except Exception as err:  # the grid must go on: record why this cell has no result
         status = store.STATUS_DIVERGED if isinstance(err, DivergedError) else store.STATUS_FAILED
@@ -270,9 +272,6 @@ def run_grid(request: GridRequest, say: Callable[[str], None] = print) -> list[s
         else:
             say(f"{where}: {record.status} - {record.reason.splitlines()[0][:200]}")
         sys.stdout.flush()
-    # Optional hook: tasks with tables beyond the matrix (speech: WER per duration bin) write them.
-    for task_name in request.tasks:
-        writer = getattr(get_task(task_name), "write_extra_tables", None)
-        if callable(writer):
-            writer(request.out)
+    # Tasks' own tables beyond the matrix (speech: WER per duration bin), from every stored cell.
+    write_extra_tables(request.out, store.load_records(request.out))
     return records

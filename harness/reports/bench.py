@@ -24,11 +24,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from pe_bench.adapters import Geometry, PositionLayout
+from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout
 from pe_bench.adapters import build as build_encoding
 from pe_bench.harness.attention import Attention
 from pe_bench.harness.config import ModelConfig
-from pe_bench.tasks._shared.vit import ViT
+from pe_bench.tasks._shared.vit import ViT, image_geometry
 
 MODELS: dict[str, tuple[ModelConfig, int]] = {
     # name: (config, image size)
@@ -66,7 +66,8 @@ def _build_vit(method: str, spec: BenchSpec) -> tuple[torch.nn.Module, int]:
     config, default_size = MODELS[spec.model]
     size = spec.image_size or default_size
     parsed = parse_method(method)
-    model = ViT(parsed.name, dict(parsed.options), config, (size, size), 3, 1000)
+    make_encoding = EncodingFactory(parsed.name, dict(parsed.options))
+    model = ViT(make_encoding, image_geometry((size, size), config.patch_size), config, 3, 1000)
     return model.eval().to(spec.device), size
 
 

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 import yaml
 
+from pe_bench.adapters import EncodingFactory
 from pe_bench.adapters import get as get_encoding
 from pe_bench.harness.grid import store
 from pe_bench.tasks import get_task
@@ -81,8 +82,9 @@ def load_cell(directory: Path, data_root: Path | None):
     resolved.pop("method")
     config = RunConfig(**resolved)
     task = get_task(config.task)(config, data_root)
-    model = task.build_model(encoding, options)
-    state = torch.load(directory / "best.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    model = task.build_model(EncodingFactory(encoding, options))
+    # weights_only: a checkpoint in a shared results folder must not be able to run code.
+    state = torch.load(directory / "best.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
     return task, model.eval(), encoding
 

@@ -164,3 +164,40 @@ def write_tables(out: Path) -> str:
     (out / "table.tex").write_text(render(records, "latex"))
     summary(records).to_csv(out / "table.csv", index=False)
     return markdown
+
+
+def render_extra_table(frame: pd.DataFrame) -> str:
+    """Markdown of a task's extra table: each ``X_mean``/``X_std`` column pair becomes one
+    column ``X`` reading "mean ± std" (the mean alone for a single seed, "-" when empty)."""
+    shown = pd.DataFrame(index=frame.index)
+    for column in frame.columns:
+        if column.endswith("_std") and f"{column[:-4]}_mean" in frame.columns:
+            continue
+        if column.endswith("_mean") and f"{column[:-5]}_std" in frame.columns:
+            means, stds = frame[column], frame[f"{column[:-5]}_std"]
+            shown[column[:-5]] = [
+                "-" if pd.isna(m) else (f"{m:.1f} ± {s:.1f}" if s and s > 0 else f"{m:.1f}")
+                for m, s in zip(means, stds, strict=True)
+            ]
+        else:
+            shown[column] = frame[column]
+    title = frame.attrs.get("title")
+    table = shown.to_markdown(index=False, disable_numparse=True)
+    return f"{title}\n\n{table}" if title else table
+
+
+def write_extra_tables(out: Path, records: list[store.CellRecord]) -> list[str]:
+    """Every task's own tables (``Task.extra_tables``) as ``<out>/<name>.md`` and ``.csv``;
+    returns their Markdown. A table that several tasks share is written once."""
+    from pe_bench.tasks import get_task, implemented
+
+    finished = [r for r in records if r.status == store.STATUS_OK]
+    written: dict[str, str] = {}
+    for name in sorted({r.task for r in finished} & set(implemented())):
+        for table_name, frame in get_task(name).extra_tables(finished).items():
+            if table_name in written:
+                continue
+            written[table_name] = render_extra_table(frame)
+            (Path(out) / f"{table_name}.md").write_text(written[table_name] + "\n")
+            frame.to_csv(Path(out) / f"{table_name}.csv", index=False)
+    return list(written.values())

@@ -1,5 +1,4 @@
 """Event-camera classification with Spiking Patches tokens and a ViT: dvsgesture.
 
-Importing the package registers its tasks."""
-
-from . import task  # noqa: F401  (registers the tasks)
+The tasks are declared in ``configs/tasks/<name>.yaml`` (``implementation:``) and imported
+on first use."""

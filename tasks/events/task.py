@@ -16,16 +16,16 @@ import numpy as np
 from torch import nn
 from torch.utils.data import Dataset, get_worker_info
 
-from pe_bench.adapters import Geometry
+from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
 from pe_bench.harness.data import PatchDataModule
 
-from ..base import PatchTask, register_task
+from ..base import PatchTask
 from .aedat import cut, dvsgesture_root, dvsgesture_samples, read_aedat31
 from .augment import EventAugmentation
 from .emulator import motion_event_streams
 from .tokenizer import EventTokens, SpikingPatches
-from .vit import EventViT, collate_tokens
+from .vit import EVENT_GEOMETRY, EventViT, collate_tokens
 
 # Mirror image of each DvsGesture class (0-based): left/right hand waves and circles swap.
 DVSGESTURE_FLIP = (0, 2, 1, 6, 5, 4, 3, 7, 8, 9, 10)
@@ -183,7 +183,6 @@ def tokenizer_throughput(events: int = 2_000_000, repeats: int = 3, seed: int = 
     return {"events": events, "tokens": len(tokens), **rates}
 
 
-@register_task
 class DvsGesture(PatchTask):
     DataModule = EventDataModule
     name = "dvsgesture"
@@ -192,12 +191,12 @@ class DvsGesture(PatchTask):
     tiny_standin = "emulated event streams of a flashing disk in apparent motion (direction, rotation sense; 8 classes)"
 
     def geometry(self) -> Geometry:
-        return Geometry(pos_dim=3, grid_shape=None, units="patch, patch, time x scale", num_prefix_tokens=1)
+        return EVENT_GEOMETRY
 
-    def build_model(self, method: str, options: dict[str, Any]) -> nn.Module:
+    def build_model(self, make_encoding: EncodingFactory) -> nn.Module:
         d, patch = self.data, self.config.model.patch_size
         shape = (2, d.buckets, patch, patch)
-        return EventViT(method, options, self.config.model, shape, d.time_scale, d.num_classes)
+        return EventViT(make_encoding, self.geometry(), self.config.model, shape, d.time_scale, d.num_classes)
 
     def check_data(self) -> None:
         if self.data.source == "dvsgesture":

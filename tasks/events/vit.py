@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from pe_bench.adapters import Geometry, PositionLayout
+from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout
 from pe_bench.harness.config import ModelConfig
 from pe_bench.tasks._shared.vit import TokenClassifier, prepend_token
 
@@ -51,22 +50,35 @@ def collate_tokens(items: list[tuple[EventTokens, int]]) -> tuple[EventBatch, Te
     return EventBatch(features, coords, valid), labels
 
 
+#: Irregular positions: tokens appear where and when patches spike, no grid.
+EVENT_GEOMETRY = Geometry(pos_dim=3, grid_shape=None, units="patch, patch, time x scale", num_prefix_tokens=1)
+
+
 class EventViT(TokenClassifier):
+    """ViT over Spiking Patches tokens (positions x, y, t of each token; a position-free CLS).
+
+    Args:
+        make_encoding: builds the position encoding.
+        geometry: :data:`EVENT_GEOMETRY` (the task's ``geometry()``).
+        model: width, depth, heads, ...
+        feature_shape: the shape of one token's features (polarity, time buckets, patch, patch).
+        time_scale: factor from event time to position units.
+        num_classes: classes of the head.
+    """
+
     def __init__(
         self,
-        method: str,
-        method_options: dict[str, Any],
+        make_encoding: EncodingFactory,
+        geometry: Geometry,
         model: ModelConfig,
         feature_shape: tuple[int, ...],
         time_scale: float,
         num_classes: int,
     ) -> None:
         super().__init__()
-        # Irregular positions: tokens appear where and when patches spike, no grid.
-        self.geometry = Geometry(pos_dim=3, grid_shape=None, units="patch, patch, time x scale", num_prefix_tokens=1)
         self.time_scale = time_scale
         self.embed = nn.Linear(math.prod(feature_shape), model.dim)
-        self.build_trunk(method, method_options, model, num_classes)
+        self.build_trunk(make_encoding, geometry, model, num_classes)
 
     def forward(self, batch: EventBatch) -> Tensor:
         tokens = self.embed(torch.log1p(batch.features.flatten(2)))

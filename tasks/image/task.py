@@ -15,13 +15,13 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from pe_bench.adapters import Geometry
+from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import RunConfig, Strict
 from pe_bench.harness.data import DatasetMissingError, PatchDataModule, stratified_split
 from pe_bench.harness.module import ClassificationModule
-from pe_bench.tasks._shared.vit import ViT
+from pe_bench.tasks._shared.vit import ViT, image_geometry
 
-from ..base import PatchTask, register_task
+from ..base import PatchTask
 from .resolution import ComposeBatch, RandomBatchResolution, ResizeTTA, check_sides
 from .synthetic import relation_images
 
@@ -210,12 +210,10 @@ class ImageClassification(PatchTask):
     data: ImageDataConfig
 
     def geometry(self) -> Geometry:
-        side = self.data.image_size // self.config.model.patch_size
-        return Geometry(pos_dim=2, grid_shape=(side, side), units="patch", num_prefix_tokens=1)
+        return image_geometry((self.data.image_size, self.data.image_size), self.config.model.patch_size)
 
-    def build_model(self, method: str, options: dict[str, Any]) -> nn.Module:
-        size = (self.data.image_size, self.data.image_size)
-        return ViT(method, options, self.config.model, size, self.data.channels, self.data.num_classes)
+    def build_model(self, make_encoding: EncodingFactory) -> nn.Module:
+        return ViT(make_encoding, self.geometry(), self.config.model, self.data.channels, self.data.num_classes)
 
     def __init__(self, config: RunConfig, data_root: Path | None = None) -> None:
         super().__init__(config, data_root)
@@ -254,19 +252,16 @@ class ImageClassification(PatchTask):
 _STANDIN = "generated relation images (direction from an anchor patch to a target patch, {n} sectors)"
 
 
-@register_task
 class ImageNet(ImageClassification):
     name = "imagenet"
     tiny_standin = _STANDIN.format(n=8)
 
 
-@register_task
 class Cifar10(ImageClassification):
     name = "cifar10"
     tiny_standin = _STANDIN.format(n=10)
 
 
-@register_task
 class Cifar100(ImageClassification):
     name = "cifar100"
     tiny_standin = _STANDIN.format(n=12)

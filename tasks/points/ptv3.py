@@ -20,12 +20,12 @@ stage, as the positions of a pooled stage are new tokens).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from pe_bench.adapters import Geometry, PositionEncoding, PositionLayout, build
+from pe_bench.adapters import EncodingFactory, Geometry, PositionEncoding, PositionLayout
 from pe_bench.harness.blocks import EncoderBlock
 from pe_bench.harness.config import Strict
 
@@ -230,8 +230,8 @@ class PTv3(nn.Module):
 
     def __init__(
         self,
-        method: str,
-        method_options: dict[str, Any],
+        make_encoding: EncodingFactory,
+        geometry: Geometry,
         cfg: PTv3Config,
         in_channels: int,
         grid_size: float,
@@ -244,14 +244,14 @@ class PTv3(nn.Module):
         cfg.check(decoder=mode == "seg")
         self.mode = mode
         scale = cfg.position_scale if cfg.position_scale is not None else 1.0 / grid_size
-        self.geometry = points_geometry(grid_size, scale)
+        self.geometry = geometry
         # PTv3's stochastic depth: 0 -> drop_path over the encoder blocks, and separately over
         # the decoder blocks with the deepest decoder stage getting the largest rates.
         enc_rates = _linspace(drop_path, sum(cfg.enc_depths))
         dec_rates = _linspace(drop_path, sum(cfg.dec_depths))
 
         def stage(dim: int, heads: int, depth: int, rates: list[float]) -> Stage:
-            encoding = build(method, self.geometry, dim, heads, max(depth, 1), method_options)
+            encoding = make_encoding(self.geometry, dim, heads, max(depth, 1))
             return Stage(encoding, dim, heads, depth, rates, cfg, mlp_ratio, patch_size, scale)
 
         ch, heads = cfg.enc_channels, cfg.enc_num_head

@@ -12,18 +12,18 @@ from __future__ import annotations
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from pe_bench.adapters import Geometry
+from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import ConfigError, Strict
 from pe_bench.harness.data import stratified_split
 
-from ..base import Task, register_task
+from ..base import Task
 from .data import Augment, FeatureKey, PointDataModule, PointDataset
 from .module import PointClassificationModule, PointClassifier, PointSegmentationModule, PointSegmenter
 from .ptv3 import PointBatch, PTv3, PTv3Config, points_geometry
@@ -80,11 +80,11 @@ class PointTask(Task):
         scale = b.position_scale if b.position_scale is not None else 1.0 / self.data.grid_size
         return points_geometry(self.data.grid_size, scale)
 
-    def backbone(self, method: str, options: dict[str, Any]) -> PTv3:
+    def backbone(self, make_encoding: EncodingFactory) -> PTv3:
         m = self.config.model
         in_channels = 3 * len(self.data.feat_keys)
         return PTv3(
-            method, options, self.data.backbone, in_channels, self.data.grid_size, self.mode,
+            make_encoding, self.geometry(), self.data.backbone, in_channels, self.data.grid_size, self.mode,
             m.patch_size, m.mlp_ratio, m.drop_path,
         )  # fmt: skip
 
@@ -107,7 +107,7 @@ class PointTask(Task):
         for profile in _BENCH_PROFILES:
             task = cls(load_run_config(cls.name, profile))
             torch.manual_seed(0)
-            model = task.backbone("nopos", {}).eval().to(device)
+            model = task.backbone(EncodingFactory("nopos")).eval().to(device)
             params = sum(p.numel() for p in model.parameters())
             for n in _BENCH_SIZES:
                 points = _random_scene(n, task.data.grid_size, 3 * len(task.data.feat_keys), device)
@@ -146,14 +146,13 @@ def _random_scene(n: int, grid_size: float, channels: int, device: str) -> Point
     )  # fmt: skip
 
 
-@register_task
 class ModelNet40(PointTask):
     name = "modelnet40"
     mode = "cls"
     tiny_standin = "generated shapes (8 solids seen from one side, random heading, stretch, scale, shift, jitter)"
 
-    def build_model(self, method: str, options: dict[str, Any]) -> nn.Module:
-        return PointClassifier(self.backbone(method, options), self.data.num_classes)
+    def build_model(self, make_encoding: EncodingFactory) -> nn.Module:
+        return PointClassifier(self.backbone(make_encoding), self.data.num_classes)
 
     def lightning_module(self, model: nn.Module) -> PointClassificationModule:
         return PointClassificationModule(model, self.data.num_classes, self.config.optim)
@@ -211,7 +210,6 @@ def _modelnet_sample(path: Path, label: int, num_points: int) -> dict:
     return {"coord": coord, "normal": normal, "label": label}
 
 
-@register_task
 class ScanNet(PointTask):
     name = "scannet"
     mode = "seg"
@@ -222,8 +220,8 @@ class ScanNet(PointTask):
         "bookshelves at characteristic heights)"
     )
 
-    def build_model(self, method: str, options: dict[str, Any]) -> nn.Module:
-        return PointSegmenter(self.backbone(method, options), self.data.num_classes)
+    def build_model(self, make_encoding: EncodingFactory) -> nn.Module:
+        return PointSegmenter(self.backbone(make_encoding), self.data.num_classes)
 
     def lightning_module(self, model: nn.Module) -> PointSegmentationModule:
         return PointSegmentationModule(model, self.data.num_classes, self.config.optim)

@@ -13,13 +13,13 @@ they get the utterance's own grid, and abspos resizes its table to it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from pe_bench.adapters import Geometry, PositionLayout, build, get
+from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout
 from pe_bench.harness.blocks import TransformerEncoder
 from pe_bench.harness.config import ModelConfig
 
@@ -50,8 +50,8 @@ def speech_geometry(window_frames: int, unit: str = "frame") -> Geometry:
 class CTCSpeechModel(nn.Module):
     def __init__(
         self,
-        method: str,
-        method_options: dict[str, Any],
+        make_encoding: EncodingFactory,
+        geometry: Geometry,
         model: ModelConfig,
         vocab_size: int,
         front: FrontEnd,
@@ -64,12 +64,12 @@ class CTCSpeechModel(nn.Module):
         self.unit = unit
         self.window_frames = window_frames
         self.modulo = modulo
-        self.uses_grid = get(method).requires_grid
+        self.uses_grid = make_encoding.cls.requires_grid
         self.conv = nn.Conv1d(front.n_mels, 2 * model.dim, KERNEL, STRIDE)
         self.glu = nn.GLU(dim=1)
         self.conv_dropout = nn.Dropout(front.dropout)
-        self.geometry = speech_geometry(window_frames, unit)
-        self.encoding = build(method, self.geometry, model.dim, model.num_heads, model.depth, method_options)
+        self.geometry = replace(geometry, units=unit)  # the task's geometry, in this encoding's unit
+        self.encoding = make_encoding(self.geometry, model.dim, model.num_heads, model.depth)
         self.encoder = TransformerEncoder(
             model.dim, model.depth, model.num_heads, self.encoding, model.mlp_ratio, model.drop_path, model.dropout
         )

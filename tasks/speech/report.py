@@ -1,28 +1,28 @@
 """The per-duration-bin WER table (CAPE Figures 5-6 as numbers), next to the result matrix.
 
 Reads the ``duration_bins`` that every finished speech cell stores in its record's
-``extra`` and writes ``<out>/bins.md`` and ``<out>/bins.csv``: one row per (task, method,
-evaluation set), one column per duration bin plus overall, WER in % as mean ± sample std over
-seeds (as the result matrix).
+``extra``: one row per (task, method, evaluation set), one column pair per duration bin plus
+overall, WER in % as mean and sample std over seeds (as the result matrix). The application
+writes it as ``<out>/bins.md`` and ``<out>/bins.csv``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pandas as pd
 
-from pe_bench.harness.grid import store
 
-
-def bin_rows(records: list[store.CellRecord], task: str | None = None) -> tuple[list[str], list[dict]]:
-    """(bin labels, rows) with per-bin mean/std of WER in % over the seeds of each method."""
+def bin_rows(records: list[Any], task: str | None = None) -> tuple[list[str], list[dict]]:
+    """(bin labels, rows) with per-bin mean/std of WER in % over the seeds of each method, from
+    finished cells (objects with ``task``, ``method``, ``seed``, ``extra``)."""
     labels: list[str] = []
     values: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     seeds: dict[tuple[str, str, str], set[int]] = defaultdict(set)
     for record in records:
-        bins = record.extra.get("duration_bins") if record.status == store.STATUS_OK else None
+        bins = record.extra.get("duration_bins")
         if not bins or (task is not None and record.task != task):
             continue
         labels = labels or list(bins["labels"])
@@ -43,28 +43,19 @@ def bin_rows(records: list[store.CellRecord], task: str | None = None) -> tuple[
     return labels, rows
 
 
-def _cell(value: tuple[float, float] | None) -> str:
-    if value is None:
-        return "-"
-    mean, std = value
-    return f"{mean:.1f} ± {std:.1f}" if std > 0 else f"{mean:.1f}"
-
-
-def write_bin_tables(out: Path, task: str | None = None) -> str | None:
-    """Write bins.md and bins.csv under ``out`` (all speech tasks); None when no cell has bins."""
-    out = Path(out)
-    labels, rows = bin_rows(store.load_records(out), None)
+def bins_table(records: list[Any]) -> pd.DataFrame | None:
+    """The table as numbers: ``WER <bin>_mean`` / ``WER <bin>_std`` column pairs (the writer
+    renders each pair as "mean ± std"); None when no cell has bins."""
+    labels, rows = bin_rows(records)
     if not rows:
         return None
-    header = ["task", "method", "eval set", "seeds", *[f"WER {b}" for b in labels]]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    csv = [",".join(["task", "method", "eval_set", "seeds", *[f"{b}_{s}" for b in labels for s in ("mean", "std")]])]
+    flat = []
     for row in rows:
-        cells = [row["task"], row["method"], row["eval_set"], str(row["seeds"]), *(_cell(row[b]) for b in labels)]
-        lines.append("| " + " | ".join(cells) + " |")
-        nums = [f"{v:.4f}" if row[b] else "" for b in labels for v in (row[b] or (0.0, 0.0))]
-        csv.append(",".join([row["task"], f'"{row["method"]}"', row["eval_set"], str(row["seeds"]), *nums]))
-    markdown = "WER (%) by utterance duration (lower is better)\n\n" + "\n".join(lines)
-    (out / "bins.md").write_text(markdown + "\n")
-    (out / "bins.csv").write_text("\n".join(csv) + "\n")
-    return markdown
+        entry = {"task": row["task"], "method": row["method"], "eval set": row["eval_set"], "seeds": row["seeds"]}
+        for label in labels:
+            mean, std = row[label] if row[label] is not None else (None, None)
+            entry[f"WER {label}_mean"], entry[f"WER {label}_std"] = mean, std
+        flat.append(entry)
+    frame = pd.DataFrame(flat)
+    frame.attrs["title"] = "WER (%) by utterance duration (lower is better)"
+    return frame

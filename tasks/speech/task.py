@@ -15,20 +15,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
+import pandas as pd
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from pe_bench.adapters import Geometry
+from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
 
-from ..base import Task, register_task
+from ..base import Task
 from .corpus import CorpusSpec, build_corpus, cache_root, espeak_binary
 from .features import VOCAB_SIZE, LogMel, SpecAugment, encode_text
 from .model import CTCSpeechModel, FrontEnd, speech_geometry
 from .module import CTCModule, SpeechBatch
 from .readers import Record, SpeechDatasetError, read_librispeech, read_manifest
-from .report import write_bin_tables
+from .report import bins_table
 
 
 class SpeechDataConfig(Strict):
@@ -298,14 +299,14 @@ class SpeechRecognition(Task):
     def geometry(self) -> Geometry:
         return speech_geometry(self.window_frames(), self.data.default_unit)
 
-    def build_model(self, method: str, options: dict[str, Any]) -> nn.Module:
+    def build_model(self, make_encoding: EncodingFactory) -> nn.Module:
         return CTCSpeechModel(
-            method,
-            options,
+            make_encoding,
+            self.geometry(),
             self.config.model,
             VOCAB_SIZE,
             self.front_end(),
-            self.unit(method),
+            self.unit(make_encoding.name),
             self.window_frames(),
             self.data.abspos_modulo,
         )
@@ -328,9 +329,10 @@ class SpeechRecognition(Task):
             read_manifest(folder, split, f"{self.name} manifests")
 
     @classmethod
-    def write_extra_tables(cls, out: Path) -> str | None:
-        """Per-duration-bin WER table next to the result matrix (called by the runner)."""
-        return write_bin_tables(out, cls.name)
+    def extra_tables(cls, records: list[Any]) -> dict[str, pd.DataFrame]:
+        """``bins``: WER per utterance-duration bin for every speech task's finished cells."""
+        table = bins_table(records)
+        return {} if table is None else {"bins": table}
 
 
 def espeak_binary_if_needed(data: SpeechDataConfig) -> None:
@@ -339,11 +341,9 @@ def espeak_binary_if_needed(data: SpeechDataConfig) -> None:
         espeak_binary()
 
 
-@register_task
 class WSJ(SpeechRecognition):
     name = "wsj"
 
 
-@register_task
 class TedLium(SpeechRecognition):
     name = "tedlium"

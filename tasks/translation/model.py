@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from pe_bench.adapters import Geometry, PositionLayout, build
+from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout
 from pe_bench.harness.blocks import DecoderBlock, EncoderBlock
 from pe_bench.harness.config import ModelConfig
 
@@ -73,21 +72,20 @@ def repeat_layout(layout: PositionLayout, times: int) -> PositionLayout:
 class Seq2SeqTransformer(nn.Module):
     def __init__(
         self,
-        method: str,
-        method_options: dict[str, Any],
+        make_encoding: EncodingFactory,
+        geometry: Geometry,
         model: ModelConfig,
         vocab_size: int,
         frame: PositionFrame,
-        max_positions: int,
     ) -> None:
         super().__init__()
         dim, depth, heads = model.dim, model.depth, model.num_heads
         self.frame = frame
-        self.max_positions = max_positions
         # A 1-D grid as long as the longest sequence the model should cover (abspos' table,
         # relpos' default window); layouts always state this grid, so abspos indexes its
         # table directly instead of resizing it to each batch length.
-        self.geometry = Geometry(pos_dim=1, grid_shape=(max_positions,), units="token", num_prefix_tokens=0)
+        self.geometry = geometry
+        self.max_positions = geometry.grid_shape[0]
         self.embedding = nn.Embedding(vocab_size, dim, padding_idx=PAD)
         nn.init.normal_(self.embedding.weight, std=dim**-0.5)
         with torch.no_grad():
@@ -95,8 +93,8 @@ class Seq2SeqTransformer(nn.Module):
         self.embed_scale = math.sqrt(dim)  # unit-variance tokens, as fairseq/Vaswani et al.
         self.dropout = nn.Dropout(model.dropout)
         cross = frame.cross_attention_positions
-        self.encoder_encoding = build(method, self.geometry, dim, heads, depth, method_options)
-        self.decoder_encoding = build(method, self.geometry, dim, heads, 2 * depth if cross else depth, method_options)
+        self.encoder_encoding = make_encoding(self.geometry, dim, heads, depth)
+        self.decoder_encoding = make_encoding(self.geometry, dim, heads, 2 * depth if cross else depth)
         rates = torch.linspace(0, model.drop_path, depth).tolist() if depth > 1 else [model.drop_path]
         self.encoder_blocks = nn.ModuleList(
             EncoderBlock(dim, heads, self.encoder_encoding, i, model.mlp_ratio, rates[i], model.dropout)

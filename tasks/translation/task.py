@@ -24,11 +24,11 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
 
-from pe_bench.adapters import Geometry
+from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
 from pe_bench.harness.data import SplitDataModule
 
-from ..base import Task, register_task
+from ..base import Task
 from .corpus import stack_pairs, tiny_corpus
 from .io import check_folder, read_split
 from .model import MT_LOCAL_SHIFT, PositionFrame, Seq2SeqTransformer
@@ -162,8 +162,9 @@ class Translation(Task):
         train_max_target = max(len(i[1]) + 1 for i in splits["train"])
         return PreparedCorpus(tokenizer, splits, stacked, alpha, train_max_target)
 
-    def frame(self, method: str, options: dict[str, Any]) -> PositionFrame:
-        shared = method in self.data.shared_frame_methods
+    def frame(self, make_encoding: EncodingFactory) -> PositionFrame:
+        shared = make_encoding.name in self.data.shared_frame_methods
+        options = make_encoding.options
         local = options.get("max_local_shift")
         return PositionFrame(
             source_scale=self.corpus.alpha,
@@ -174,17 +175,12 @@ class Translation(Task):
             max_scale=float(options.get("max_scale", 1.0)) if shared else 1.0,
         )
 
-    def build_model(self, method: str, options: dict[str, Any]) -> nn.Module:
+    def build_model(self, make_encoding: EncodingFactory) -> nn.Module:
         corpus = self.corpus
         model = Seq2SeqTransformer(
-            method,
-            options,
-            self.config.model,
-            corpus.tokenizer.vocab_size,
-            self.frame(method, options),
-            self.data.max_positions,
+            make_encoding, self.geometry(), self.config.model, corpus.tokenizer.vocab_size, self.frame(make_encoding)
         )
-        model.method_label = method
+        model.method_label = make_encoding.name
         return model
 
     def _stacked_batches(self) -> list[tuple[Tensor, Tensor, Tensor]]:
@@ -216,13 +212,11 @@ class Translation(Task):
 _TINY = "English->{} sentences built from num2words and Babel (numbers, dates, countries, languages)"
 
 
-@register_task
 class WMT14EnDe(Translation):
     name = "wmt14-en-de"
     tiny_standin = _TINY.format("German")
 
 
-@register_task
 class WMT14EnFr(Translation):
     name = "wmt14-en-fr"
     tiny_standin = _TINY.format("French")

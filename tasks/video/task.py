@@ -17,14 +17,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from pe_bench.adapters import Geometry
+from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
 from pe_bench.harness.data import PatchDataModule
 
-from ..base import PatchTask, register_task
+from ..base import PatchTask
 from .synthetic import motion_clips
 from .ucf101 import read_tubelet_frames, ucf101_root, ucf101_splits
-from .vivit import VideoBatch, ViViT
+from .vivit import VideoBatch, ViViT, video_geometry
 
 KINETICS_MEAN = (0.45, 0.45, 0.45)
 KINETICS_STD = (0.225, 0.225, 0.225)
@@ -135,7 +135,6 @@ class VideoDataModule(PatchDataModule):
         self.splits = {name: UCF101Clips(items[name], self.data, name == "train") for name in items}
 
 
-@register_task
 class UCF101(PatchTask):
     DataModule = VideoDataModule
     name = "ucf101"
@@ -144,15 +143,13 @@ class UCF101(PatchTask):
     tiny_standin = "generated motion clips on a 3x3 patch grid (direction and rotation sense; 8 classes)"
 
     def geometry(self) -> Geometry:
-        d, patch = self.data, self.config.model.patch_size
-        grid = (d.max_samples, d.image_height // patch, d.image_width // patch)
-        return Geometry(pos_dim=3, grid_shape=grid, units="tubelet", num_prefix_tokens=1)
-
-    def build_model(self, method: str, options: dict[str, Any]) -> nn.Module:
         d = self.data
-        frames = d.max_samples * d.tubelet
         size = (d.image_height, d.image_width)
-        return ViViT(method, options, self.config.model, frames, size, d.tubelet, 3, d.num_classes)
+        return video_geometry(d.max_samples * d.tubelet, size, d.tubelet, self.config.model.patch_size)
+
+    def build_model(self, make_encoding: EncodingFactory) -> nn.Module:
+        d = self.data
+        return ViViT(make_encoding, self.geometry(), self.config.model, d.tubelet, 3, d.num_classes)
 
     def check_data(self) -> None:
         if self.data.source == "ucf101":

@@ -9,12 +9,11 @@ zero-padded in time and their missing tubelets masked out (``VideoBatch.steps``)
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from pe_bench.adapters import Geometry, PositionLayout
+from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout
 from pe_bench.harness.config import ModelConfig
 from pe_bench.tasks._shared.vit import TokenClassifier, prepend_token
 
@@ -28,27 +27,39 @@ class VideoBatch:
         return self.video.shape[0]
 
 
+def video_geometry(frames: int, image_size: tuple[int, int], tubelet: int, patch: int) -> Geometry:
+    """Tubelet-grid positions (t, y, x) after one position-free CLS token."""
+    if frames % tubelet or image_size[0] % patch or image_size[1] % patch:
+        raise ValueError(f"clip {frames}x{image_size} is not a multiple of the tubelet {tubelet}x{patch}x{patch}")
+    grid = (frames // tubelet, image_size[0] // patch, image_size[1] // patch)
+    return Geometry(pos_dim=3, grid_shape=grid, units="tubelet", num_prefix_tokens=1)
+
+
 class ViViT(TokenClassifier):
+    """ViViT-style video classifier (tubelet embedding, joint space-time attention).
+
+    Args:
+        make_encoding: builds the position encoding.
+        geometry: the training tubelet grid, from :func:`video_geometry` (the task's ``geometry()``).
+        model: width, depth, heads, patch size, ...
+        tubelet: frames per tubelet.
+        in_channels: frame channels.
+        num_classes: classes of the head.
+    """
+
     def __init__(
         self,
-        method: str,
-        method_options: dict[str, Any],
+        make_encoding: EncodingFactory,
+        geometry: Geometry,
         model: ModelConfig,
-        frames: int,
-        image_size: tuple[int, int],
         tubelet: int,
         in_channels: int,
         num_classes: int,
     ) -> None:
         super().__init__()
-        patch = model.patch_size
-        if frames % tubelet or image_size[0] % patch or image_size[1] % patch:
-            raise ValueError(f"clip {frames}x{image_size} is not a multiple of the tubelet {tubelet}x{patch}x{patch}")
-        grid = (frames // tubelet, image_size[0] // patch, image_size[1] // patch)
-        self.geometry = Geometry(pos_dim=3, grid_shape=grid, units="tubelet", num_prefix_tokens=1)
-        size = (tubelet, patch, patch)
+        size = (tubelet, model.patch_size, model.patch_size)
         self.tubelet_embed = nn.Conv3d(in_channels, model.dim, kernel_size=size, stride=size)
-        self.build_trunk(method, method_options, model, num_classes)
+        self.build_trunk(make_encoding, geometry, model, num_classes)
 
     def forward(self, batch: VideoBatch | Tensor) -> Tensor:
         if isinstance(batch, Tensor):

@@ -169,10 +169,12 @@ def test_sincos_splits_channels_across_axes():
 
 @pytest.mark.parametrize("name", ["nopos", "sincos", "abspos", "rope", "pape", "cape"])
 def test_foundation_encodings_build_in_a_vit_and_run_at_another_resolution(name):
+    from pe_bench.adapters import EncodingFactory
     from pe_bench.harness.config import ModelConfig
-    from pe_bench.tasks._shared.vit import ViT
+    from pe_bench.tasks._shared.vit import ViT, image_geometry
 
     config = ModelConfig(dim=32, depth=2, num_heads=4, patch_size=4)
-    model = ViT(name, {"m": 4} if name == "pape" else {}, config, (16, 16), 3, 5).eval()
+    make_encoding = EncodingFactory(name, {"m": 4} if name == "pape" else {})
+    model = ViT(make_encoding, image_geometry((16, 16), 4), config, 3, 5).eval()
     assert model(torch.randn(2, 3, 16, 16)).shape == (2, 5)
     assert torch.isfinite(model(torch.randn(1, 3, 24, 32))).all()  # non-square, larger grid

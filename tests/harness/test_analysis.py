@@ -6,9 +6,10 @@ import math
 
 import torch
 
+from pe_bench.adapters import EncodingFactory
 from pe_bench.harness.config import ModelConfig
 from pe_bench.harness.reports.analysis import head_scores, pape_head_scores, top_attended
-from pe_bench.tasks._shared.vit import ViT
+from pe_bench.tasks._shared.vit import ViT, image_geometry
 
 
 def test_z_score_by_hand():
@@ -30,11 +31,17 @@ def test_top_attended_is_the_minimal_set_reaching_tau():
 
 
 def test_scores_for_every_layer_and_head_of_a_pape_vit():
-    model = ViT("pape", {"m": 4}, ModelConfig(dim=32, depth=3, num_heads=4, patch_size=4), (16, 16), 3, 5)
+    model = ViT(
+        EncodingFactory("pape", {"m": 4}),
+        image_geometry((16, 16), 4),
+        ModelConfig(dim=32, depth=3, num_heads=4, patch_size=4),
+        3,
+        5,
+    )
     scores = pape_head_scores(model, torch.randn(2, 3, 16, 16))
     assert scores.shape == (3, 4) and torch.isfinite(torch.as_tensor(scores)).all()
-    explicit = ViT("pape", {"m": 4, "form": "explicit"}, ModelConfig(dim=32, depth=3, num_heads=4, patch_size=4),
-                   (16, 16), 3, 5)  # fmt: skip
+    explicit = ViT(EncodingFactory("pape", {"m": 4, "form": "explicit"}), image_geometry((16, 16), 4),
+                   ModelConfig(dim=32, depth=3, num_heads=4, patch_size=4), 3, 5)  # fmt: skip
     explicit.load_state_dict(model.state_dict())
     images = torch.randn(2, 3, 16, 16)
     assert torch.allclose(torch.as_tensor(pape_head_scores(model, images)),

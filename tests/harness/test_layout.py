@@ -1,10 +1,9 @@
 """The installed import paths and the folders agree (pyproject maps top-level folders)."""
 
 import tomllib
-
 from conftest import REPO_ROOT
 
-MAPPED = {"harness": "pe_bench.harness", "adapters": "pe_bench.adapters", "tasks": "pe_bench.tasks", "configs": "pe_bench.configs"}
+MAPPED = {folder: f"pe_bench.{folder}" for folder in ("harness", "adapters", "tasks", "configs")}
 
 
 def test_every_package_folder_is_listed_in_pyproject():
@@ -32,4 +31,11 @@ def test_the_kit_does_not_import_the_application():
     for name in ("attention.py", "blocks.py", "config.py", "data.py", "module.py"):
         text = (REPO_ROOT / "harness" / name).read_text()
         for application in ("grid", "reports", "cli", "conformance"):
-            assert f"pe_bench.harness.{application}" not in text, f"harness/{name} imports the application ({application})"
+            assert f"pe_bench.harness.{application}" not in text, f"harness/{name} imports {application}"
+
+
+def test_tasks_do_not_import_the_application():
+    for source in (REPO_ROOT / "tasks").rglob("*.py"):
+        text = source.read_text()
+        for application in ("grid", "reports", "cli", "conformance"):
+            assert f"pe_bench.harness.{application}" not in text, f"{source} imports harness/{application}"

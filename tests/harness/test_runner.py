@@ -29,7 +29,7 @@ def temporary_encodings():
 
     yield add
     for name in added:
-        registry._REGISTRY.pop(name, None)
+        registry.ENCODINGS.unregister(name)
 
 
 def run(out, methods, *extra):
@@ -108,12 +108,12 @@ def test_unknown_method_and_task_errors(capsys):
 
 
 def test_group_all_skips_and_lists_unimplemented_tasks(tmp_path, capsys):
-    from pe_bench.tasks import GROUPS, implemented, resolve_tasks
+    from pe_bench.tasks import groups, implemented, resolve_tasks
 
     messages = []
     selected = resolve_tasks("all", messages.append)
-    assert "imagenet" in selected and set(selected) == set(GROUPS["all"]) & set(implemented())
-    missing = [t for t in GROUPS["all"] if t not in implemented()]
+    assert "imagenet" in selected and set(selected) == set(groups()["all"]) & set(implemented())
+    missing = [t for t in groups()["all"] if t not in implemented()]
     assert missing and all(t in messages[0] for t in missing)  # coco, gen1, nuscenes are not built yet
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from pe_bench.adapters import EncodingFactory
 from pe_bench.harness.cli import main
 from pe_bench.harness.config import load_run_config
 from pe_bench.harness.data import DatasetMissingError
@@ -228,7 +229,7 @@ def test_padding_masks_variable_length_tokens_and_changes_nothing():
     assert batch.valid.sum(1).tolist() == lengths and batch.features[~batch.valid].abs().sum() == 0
     for method in ("rope", "pape", "alibi"):
         torch.manual_seed(0)
-        model = task.build_model(method, config.methods.get(method, {})).eval()
+        model = task.build_model(EncodingFactory(method, config.methods.get(method, {}))).eval()
         with torch.no_grad():
             together = model(batch)
             alone = torch.cat([model(collate_tokens([item])[0]) for item in items])

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from pe_bench.adapters import EncodingFactory
 from pe_bench.harness.cli import main
 from pe_bench.harness.config import load_run_config
 from pe_bench.harness.grid import store
@@ -68,7 +69,7 @@ def test_modelnet40_reader_batches_the_real_layout(tmp_path):
     assert batch["feat"].shape[1] == 6 and batch["label"].tolist() == [0, 0]
     assert batch["coord"].shape[0] == batch["batch"].shape[0] <= 100
     assert batch["coord"].norm(dim=1).max() <= 1.0 + 1e-5  # NormalizeCoord
-    logits = task.build_model("rope", {})(batch)
+    logits = task.build_model(EncodingFactory("rope"))(batch)
     assert logits.shape == (2, 2)
 
 
@@ -88,7 +89,7 @@ def test_scannet_reader_batches_the_real_layout(tmp_path):
     assert batch["segment"].shape == batch["batch"].shape and batch["segment"].min() >= -1
     assert batch["coord"][:, 2].min() >= -1e-6  # floor at z = 0 (CenterShift apply_z)
     train = next(iter(data.train_dataloader()))
-    out = task.build_model("sincos", {})(train)
+    out = task.build_model(EncodingFactory("sincos"))(train)
     assert out.shape == (len(train["batch"]), 20)
 
 

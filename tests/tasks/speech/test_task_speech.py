@@ -4,6 +4,7 @@ duration bins, padding invariance, missing-data errors and one very short grid c
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from pe_bench.adapters import EncodingFactory
 from pe_bench.harness.cli import main
 from pe_bench.harness.config import ModelConfig, load_run_config
 from pe_bench.harness.grid import store
@@ -26,7 +28,7 @@ from pe_bench.tasks.speech.features import (
     encode_text,
     greedy_decode,
 )
-from pe_bench.tasks.speech.model import CTCSpeechModel, FrontEnd, output_lengths
+from pe_bench.tasks.speech.model import CTCSpeechModel, FrontEnd, output_lengths, speech_geometry
 from pe_bench.tasks.speech.module import wer_table
 from pe_bench.tasks.speech.readers import SpeechDatasetError, read_librispeech, read_manifest
 from pe_bench.tasks.speech.report import bin_rows
@@ -146,7 +148,15 @@ def test_padding_changes_no_logit_of_a_real_frame(method):
     config = ModelConfig(dim=32, depth=2, num_heads=2)
     unit = "second" if method == "cape" else "frame"
     options = {"coordinates": "raw", "freq_scale": 30.0} if method == "cape" else {}
-    model = CTCSpeechModel(method, options, config, VOCAB_SIZE, FrontEnd(n_mels=80), unit, window_frames=8).eval()
+    model = CTCSpeechModel(
+        EncodingFactory(method, options),
+        speech_geometry(8),
+        config,
+        VOCAB_SIZE,
+        FrontEnd(n_mels=80),
+        unit,
+        window_frames=8,
+    ).eval()
     short, long = torch.randn(1, 40, 80), torch.randn(1, 70, 80)
     batch = torch.zeros(2, 70, 80)
     batch[0, :40], batch[1] = short[0], long[0]
@@ -174,10 +184,26 @@ def test_length_buckets_cover_every_utterance_once_in_batches_of_similar_duratio
 
 
 def test_abspos_wraps_modulo_its_window():
-    model = CTCSpeechModel("abspos", {}, ModelConfig(dim=16, depth=1, num_heads=2), VOCAB_SIZE, FrontEnd(), "frame", 5)
+    model = CTCSpeechModel(
+        EncodingFactory("abspos"),
+        speech_geometry(5),
+        ModelConfig(dim=16, depth=1, num_heads=2),
+        VOCAB_SIZE,
+        FrontEnd(),
+        "frame",
+        5,
+    )
     layout = model.layout(torch.tensor([12]), 12)
     assert layout.grid_shape == (5,) and layout.coords[0, :, 0].tolist() == [i % 5 for i in range(12)]
-    cape = CTCSpeechModel("cape", {}, ModelConfig(dim=16, depth=1, num_heads=2), VOCAB_SIZE, FrontEnd(), "second", 5)
+    cape = CTCSpeechModel(
+        EncodingFactory("cape"),
+        speech_geometry(5),
+        ModelConfig(dim=16, depth=1, num_heads=2),
+        VOCAB_SIZE,
+        FrontEnd(),
+        "second",
+        5,
+    )
     assert cape.layout(torch.tensor([3]), 3).coords[0, :, 0].tolist() == pytest.approx([0.0, 0.03, 0.06])
 
 
@@ -200,10 +226,22 @@ def test_one_cell_end_to_end_writes_the_duration_bin_table(tmp_path, monkeypatch
     assert record["score"] == pytest.approx(100 * bins["wer"]["test"]["all"])
     assert sum(bins["words"]["test"][b] for b in bins["labels"][:-1]) == bins["words"]["test"]["all"]
     table = (out / "bins.md").read_text()
-    assert "WER >=3s" in table and "| wsj | cape | test | 1 |" in table
+    assert "WER >=3s" in table and re.search(r"\| wsj\s+\| cape\s+\| test\s+\| 1\s+\|", table)
     assert (out / "bins.csv").is_file() and "wsj" in (out / "table.md").read_text()
     # `pe-bench table` rebuilds the bins table from the stored records, not only `run`.
     (out / "bins.md").unlink()
     (out / "bins.csv").unlink()
     assert main(["table", "--out", str(out)]) == 0
     assert (out / "bins.md").read_text() == table and (out / "bins.csv").is_file()
+
+
+def test_the_bins_table_is_written_by_the_application_from_the_task_frame(tmp_path):
+    from pe_bench.harness.reports.tables import write_extra_tables
+
+    bins = {"labels": ["<1s", "all"], "wer": {"test": {"<1s": 0.25, "all": 0.5}}}
+    extra = {"duration_bins": bins}
+    records = [store.CellRecord("wsj", "rope", seed, "tiny", "ok", score=50.0, extra=extra) for seed in (0, 1)]
+    [markdown] = write_extra_tables(tmp_path, records)
+    assert "| wsj    | rope     | test       | 2       | 25.0      | 50.0      |" in markdown
+    assert (tmp_path / "bins.md").read_text().strip() == markdown
+    assert "WER all_mean" in (tmp_path / "bins.csv").read_text()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import ModelConfig
 from pe_bench.tasks.translation.beam import beam_search
 from pe_bench.tasks.translation.corpus import build_pairs, stack_pairs
@@ -128,7 +129,8 @@ def tiny_model(method: str, cross: bool = True, shared: bool = False) -> Seq2Seq
     config = ModelConfig(dim=32, depth=2, num_heads=4, mlp_ratio=2.0)
     options = {"m": 4} if method == "pape" else {}
     frame = PositionFrame(source_scale=1.25, cross_attention_positions=cross, shared_frame=shared, max_global_shift=5.0)
-    return Seq2SeqTransformer(method, options, config, 40, frame, max_positions=64).eval()
+    geometry = Geometry(pos_dim=1, grid_shape=(64,), units="token")
+    return Seq2SeqTransformer(EncodingFactory(method, options), geometry, config, 40, frame).eval()
 
 
 def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from pe_bench.adapters import EncodingFactory
 from pe_bench.harness.cli import main
 from pe_bench.harness.config import load_run_config
 from pe_bench.harness.data import DatasetMissingError
@@ -61,7 +62,7 @@ def test_vivit_masks_missing_tubelets():
     assert task.geometry().grid_shape == (3, 3, 3)
     for method in ("rope", "pape", "sincos"):
         torch.manual_seed(0)
-        model = task.build_model(method, config.methods.get(method, {})).eval()
+        model = task.build_model(EncodingFactory(method, config.methods.get(method, {}))).eval()
         video = torch.randn(2, 3, 6, 12, 12)
         other = video.clone()
         other[:, :, 4:] = torch.randn(2, 3, 2, 12, 12)  # only the padded third tubelet changes
