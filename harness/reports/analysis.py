@@ -1,4 +1,7 @@
-"""PaPE model analysis (pape.txt Section 5.6, Eq. 15-16, Figure 3).
+"""PaPE model analysis (PaPE Section 5.6, Eq. 15-16, Figure 3).
+
+PaPE: Øhrstrøm et al., "Where to Attend: A Principled Vision-Centric Position Encoding with
+Parabolas".
 
 PaPE's logits split into a positional part <a_i, Δr²> + <b_i, Δr> and a semantic part
 <q_i, k_j>, so attention factorises as A_ij = P_ij Y_ij / γ_i with P = exp(positional),

@@ -1,5 +1,5 @@
 """Lightning module for translation: label-smoothed cross-entropy, beam-search BLEU/chrF,
-and the per-position log loss on stacked long sentences (cape.txt Figure 8).
+and the per-position log loss on stacked long sentences (CAPE Figure 8).
 
 Validation decodes with ``val_beam_size`` (the checkpoint is chosen by validation BLEU, as
 the paper does); test decodes with ``beam_size`` (4 for DE, 5 for FR) and also logs chrF,
