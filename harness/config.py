@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator
 
 
 class Strict(BaseModel):
@@ -18,6 +18,10 @@ class Strict(BaseModel):
 
 
 class ModelConfig(Strict):
+    """What every backbone has. A task whose backbone needs more (e.g. PTv3's stage structure)
+    subclasses it as its ``Task.ModelConfig``; that task's ``model`` section is validated with
+    the subclass (see :func:`register_model_config`)."""
+
     dim: int
     depth: int
     num_heads: int
@@ -27,6 +31,19 @@ class ModelConfig(Strict):
     dropout: float = 0.0
     # PaPE Appendix E: zero head weights and bias -log(C) give uniform initial predictions.
     head_init: Literal["zero", "default"] = "zero"
+
+
+_TASK_MODEL_CONFIGS: dict[str, type[ModelConfig]] = {}
+
+
+def register_model_config(task: str, config: type[ModelConfig]) -> None:
+    """Validate the ``model`` section of ``task``'s run configs with ``config`` (``register_task``
+    calls it with the task's ``ModelConfig``)."""
+    _TASK_MODEL_CONFIGS[task] = config
+
+
+def model_config_for(task: str) -> type[ModelConfig]:
+    return _TASK_MODEL_CONFIGS.get(task, ModelConfig)
 
 
 class OptimConfig(Strict):
@@ -58,16 +75,25 @@ class TrainerConfig(Strict):
 
 
 class RunConfig(Strict):
-    """One task at one profile. ``data`` is validated by the task's own model."""
+    """One task at one profile. ``model`` is validated with the task's model config (see
+    :func:`register_model_config`), ``data`` by the task's own model."""
 
     task: str
     profile: str
-    model: ModelConfig
+    # SerializeAsAny: a task's ModelConfig subclass dumps its own fields too (config.yaml).
+    model: SerializeAsAny[ModelConfig]
     optim: OptimConfig
     trainer: TrainerConfig = TrainerConfig()
     data: dict[str, Any] = {}
     # per-method encoding options for this task, e.g. {"cape": {"freq_scale": 30}}
     methods: dict[str, dict[str, Any]] = {}
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _task_model_config(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, dict):
+            return model_config_for(info.data.get("task", "")).model_validate(value)
+        return value
 
 
 class ConfigError(ValueError):

@@ -18,7 +18,14 @@ from pydantic import ValidationError
 from torch import nn
 
 from pe_bench.adapters import Geometry
-from pe_bench.harness.config import ConfigError, RunConfig, Strict, format_validation_error
+from pe_bench.harness.config import (
+    ConfigError,
+    ModelConfig,
+    RunConfig,
+    Strict,
+    format_validation_error,
+    register_model_config,
+)
 from pe_bench.harness.data import PatchDataModule
 
 
@@ -30,10 +37,17 @@ class Task(ABC):
     score_scale: ClassVar[float] = 100.0  # logged metric x scale = table units (fraction -> %)
     profiles: ClassVar[tuple[str, ...]] = ("tiny", "paper")
     DataConfig: ClassVar[type[Strict]] = Strict
+    #: the ``model`` section's type (a subclass where the backbone needs more, e.g. PTv3's stages)
+    ModelConfig: ClassVar[type[ModelConfig]] = ModelConfig
     #: what the tiny profile substitutes for the real dataset (table footnote)
     tiny_standin: ClassVar[str] = ""
 
     def __init__(self, config: RunConfig, data_root: Path | None = None) -> None:
+        if not isinstance(config.model, self.ModelConfig):
+            raise ConfigError(
+                f"{config.task}/{config.profile}: model is a {type(config.model).__name__}, {self.name} needs a "
+                f"{self.ModelConfig.__name__}: build the config with load_run_config once the task is registered"
+            )
         self.config = config
         self.data_root = data_root
         try:
@@ -103,6 +117,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 
 def register_task(cls: type[Task]) -> type[Task]:
     _TASKS[cls.name] = cls
+    register_model_config(cls.name, cls.ModelConfig)
     return cls
 
 
