@@ -6,12 +6,13 @@ A bad key or value is an error that names the key (pydantic's ``loc``), e.g.
 
 from __future__ import annotations
 
+import importlib
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator
 
 
 class Strict(BaseModel):
@@ -19,6 +20,10 @@ class Strict(BaseModel):
 
 
 class ModelConfig(Strict):
+    """What every backbone has. A task whose backbone needs more (e.g. PTv3's stage structure)
+    subclasses it as its ``Task.ModelConfig``; that task's ``model`` section is validated with
+    the subclass (see :func:`register_model_config`)."""
+
     dim: int
     depth: int
     num_heads: int
@@ -28,6 +33,27 @@ class ModelConfig(Strict):
     dropout: float = 0.0
     # PaPE Appendix E: zero head weights and bias -log(C) give uniform initial predictions.
     head_init: Literal["zero", "default"] = "zero"
+
+
+_TASK_MODEL_CONFIGS: dict[str, type[ModelConfig]] = {}
+
+
+def register_model_config(task: str, config: type[ModelConfig]) -> None:
+    """Validate the ``model`` section of ``task``'s run configs with ``config`` (``register_task``
+    calls it with the task's ``ModelConfig``)."""
+    _TASK_MODEL_CONFIGS[task] = config
+
+
+def model_config_for(task: str) -> type[ModelConfig]:
+    if task not in _TASK_MODEL_CONFIGS:
+        # A built-in task is imported on first use: its YAML names the class, whose
+        # ``ModelConfig`` validates the model section.
+        target = task_yaml(task).get("implementation") if task in _builtin_task_files() else None
+        if target:
+            module, _, name = target.partition(":")
+            config = getattr(getattr(importlib.import_module(module), name), "ModelConfig", ModelConfig)
+            _TASK_MODEL_CONFIGS[task] = config
+    return _TASK_MODEL_CONFIGS.get(task, ModelConfig)
 
 
 class OptimConfig(Strict):
@@ -59,16 +85,25 @@ class TrainerConfig(Strict):
 
 
 class RunConfig(Strict):
-    """One task at one profile. ``data`` is validated by the task's own model."""
+    """One task at one profile. ``model`` is validated with the task's model config (see
+    :func:`register_model_config`), ``data`` by the task's own model."""
 
     task: str
     profile: str
-    model: ModelConfig
+    # SerializeAsAny: a task's ModelConfig subclass dumps its own fields too (config.yaml).
+    model: SerializeAsAny[ModelConfig]
     optim: OptimConfig
     trainer: TrainerConfig = TrainerConfig()
     data: dict[str, Any] = {}
     # per-method encoding options for this task, e.g. {"cape": {"freq_scale": 30}}
     methods: dict[str, dict[str, Any]] = {}
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _task_model_config(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, dict):
+            return model_config_for(info.data.get("task", "")).model_validate(value)
+        return value
 
 
 class ConfigError(ValueError):

@@ -22,6 +22,7 @@ import torch
 import yaml
 
 from pe_bench.adapters import EncodingFactory
+from pe_bench.adapters.base import positional_parameters
 from pe_bench.tasks import Task, get_task
 
 from ..config import RunConfig, load_run_config
@@ -116,7 +117,7 @@ def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workd
         "best_val": None if best_val is None else float(best_val),
         "train_seconds": train_seconds,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "positional_parameters": sum(p.numel() for n, p in model.named_parameters() if _is_positional(n)),
+        "positional_parameters": sum(p.numel() for _, p in positional_parameters(model)),
     }
 
 
@@ -130,10 +131,6 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def _is_positional(name: str) -> bool:
-    return "encoding" in name.split(".")
 
 
 def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int) -> store.CellRecord:

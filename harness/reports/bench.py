@@ -26,6 +26,7 @@ import torch
 
 from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout
 from pe_bench.adapters import build as build_encoding
+from pe_bench.adapters.base import positional_parameters
 from pe_bench.harness.attention import Attention
 from pe_bench.harness.config import ModelConfig
 from pe_bench.tasks._shared.vit import ViT, image_geometry
@@ -57,7 +58,7 @@ class BenchSpec:
 
 
 def _positional_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for n, p in model.named_parameters() if "encoding" in n.split("."))
+    return sum(p.numel() for _, p in positional_parameters(model))
 
 
 def _build_vit(method: str, spec: BenchSpec) -> tuple[torch.nn.Module, int]:
