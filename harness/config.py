@@ -66,6 +66,9 @@ class OptimConfig(Strict):
     batch_size: int
     label_smoothing: float = 0.0
     grad_clip: float | None = None
+    # Learning rate of every position-encoding parameter relative to ``lr`` (see
+    # harness/module.py parameter_groups); 1 = the papers' setting.
+    positional_lr_scale: float = 1.0
 
 
 class TrainerConfig(Strict):

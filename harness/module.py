@@ -29,18 +29,34 @@ class DivergedError(RuntimeError):
     """Training produced a non-finite loss."""
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """[decayed, not decayed] trainable parameters: biases, norms (fewer than 2 dimensions)
-    and positional tables of more than 2 dimensions (e.g. abspos grids) are not decayed."""
-    positional = {id(param) for _, param in positional_parameters(model)}
-    decay, no_decay = [], []
+def parameter_groups(model: nn.Module, weight_decay: float, lr: float, positional_lr_scale: float = 1.0) -> list[dict]:
+    """Trainable parameters in three groups, each with its own ``lr``:
+
+    * decayed: weight matrices of the content path;
+    * not decayed: biases and norms (fewer than 2 dimensions);
+    * positional: every parameter owned by a position encoding (tables, slopes, projections;
+      :func:`~pe_bench.adapters.base.positional_parameters`), never decayed — as timm's
+      ``no_weight_decay`` exempts position embeddings — and trained at
+      ``lr * positional_lr_scale``. Decay would pull a relative-position table towards the
+      "no position" solution that the encoding exists to leave; the scale lets a learned
+      table grow within a short schedule (Adam moves an entry by about lr per step).
+    Empty groups are dropped.
+    """
+    positional_ids = {id(param) for _, param in positional_parameters(model)}
+    decay, no_decay, positional = [], [], []
     for param in model.parameters():
         if not param.requires_grad:
             continue
-        # NOTE: 2-D positional tables are decayed (unchanged for now)
-        is_table = id(param) in positional and param.ndim > 2
-        (no_decay if param.ndim < 2 or is_table else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if id(param) in positional_ids:
+            positional.append(param)
+        else:
+            (no_decay if param.ndim < 2 else decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay, "lr": lr},
+        {"params": no_decay, "weight_decay": 0.0, "lr": lr},
+        {"params": positional, "weight_decay": 0.0, "lr": lr * positional_lr_scale},
+    ]
+    return [group for group in groups if group["params"]]
 
 
 class TaskModule(L.LightningModule):
@@ -80,7 +96,7 @@ class TaskModule(L.LightningModule):
     def configure_optimizers(self) -> dict:
         """Optimiser and per-step OneCycle schedule, as Lightning takes them."""
         optim = self.optim
-        groups = parameter_groups(self.model, optim.weight_decay)
+        groups = parameter_groups(self.model, optim.weight_decay, optim.lr, optim.positional_lr_scale)
         opt_cls = torch.optim.AdamW if optim.optimizer == "adamw" else torch.optim.Adam
         optimizer = opt_cls(groups, lr=optim.lr, betas=optim.betas)
         # OneCycle needs a warm-up phase of more than one step and a decay phase after it; very
@@ -88,7 +104,11 @@ class TaskModule(L.LightningModule):
         total = max(int(self.trainer.estimated_stepping_batches), 3)
         warmup = min(max(optim.warmup_epochs / max(optim.epochs, 1), 1.5 / total), 0.5)
         schedule = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer, max_lr=optim.lr, total_steps=total, pct_start=warmup, anneal_strategy="cos"
+            optimizer,
+            max_lr=[group["lr"] for group in groups],
+            total_steps=total,
+            pct_start=warmup,
+            anneal_strategy="cos",
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 

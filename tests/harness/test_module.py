@@ -76,19 +76,30 @@ def test_an_encoding_is_counted_once_however_often_it_is_reachable():
     assert count(shared) == sum(p.numel() for p in layer.parameters()) > 0
 
 
-def test_weight_decay_groups():
+def test_weight_decay_and_positional_learning_rate_groups():
     model = Holder()
     model.table_like = nn.Parameter(torch.zeros(2, 3, 4))  # 3-D but not positional: decayed
-    decay, no_decay = ({id(p) for p in group["params"]} for group in parameter_groups(model, 0.05))
-    abspos_table = model.source_side.table
-    assert abspos_table.ndim > 2 and id(abspos_table) in no_decay
-    for name, param in model.per_layer.named_parameters():
-        # NOTE: 2-D positional tables are decayed (unchanged for now)
-        assert (id(param) in decay) == (param.ndim == 2), name
-    assert id(model.encoding.weight) in decay and id(model.encoding.bias) in no_decay
-    assert id(model.table_like) in decay
-    assert parameter_groups(model, 0.05)[0]["weight_decay"] == 0.05
-    assert parameter_groups(model, 0.05)[1]["weight_decay"] == 0.0
+    decay, no_decay, positional = parameter_groups(model, 0.05, lr=1e-3, positional_lr_scale=30.0)
+    ids = {name: {id(p) for p in group["params"]} for name, group in (("d", decay), ("n", no_decay), ("p", positional))}
+    # Every parameter owned by an encoding, whatever its shape, is positional: no decay, scaled lr.
+    for param in [*model.source_side.parameters(), *model.per_layer.parameters()]:
+        assert id(param) in ids["p"] and id(param) not in ids["d"] | ids["n"]
+    assert positional["weight_decay"] == 0.0 and positional["lr"] == pytest.approx(3e-2)
+    assert id(model.encoding.weight) in ids["d"] and id(model.encoding.bias) in ids["n"]
+    assert id(model.table_like) in ids["d"]
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+    assert decay["lr"] == no_decay["lr"] == 1e-3
+
+
+def test_the_schedule_keeps_the_positional_scale(tmp_path):
+    from pe_bench.harness.config import OptimConfig
+    from pe_bench.harness.module import TaskModule as Base
+
+    module = Base(Holder(), OptimConfig(lr=1e-3, epochs=1, batch_size=1, positional_lr_scale=10.0))
+    module.trainer = type("T", (), {"estimated_stepping_batches": 100})()
+    optimizer = module.configure_optimizers()["optimizer"]
+    peaks = [group["max_lr"] for group in optimizer.param_groups]
+    assert peaks[-1] == pytest.approx(10 * peaks[0])
 
 
 class ConstantLoss(TaskModule):
