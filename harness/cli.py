@@ -321,10 +321,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_principles(args: argparse.Namespace) -> int:
+    from pe_bench.harness.grid.methods import parse_methods
+
     from .conformance import principles_table
 
-    names = None if args.methods is None else _split_methods(args.methods)
-    print(principles_table(names).to_markdown())
+    specs = None if args.methods is None else parse_methods(args.methods)
+    methods = None if specs is None else [(spec.label, spec.name, dict(spec.options)) for spec in specs]
+    print(principles_table(methods).to_markdown())
     return 0
 
 

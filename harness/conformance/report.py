@@ -245,11 +245,14 @@ def check(encoding: str | type[PositionEncoding], options: Mapping[str, Any] | E
     return measure(encoding, options)
 
 
-def principles_table(names: Iterable[str] | None = None) -> pd.DataFrame:
+def principles_table(methods: Iterable[str | tuple[str, str, Mapping[str, Any]]] | None = None) -> pd.DataFrame:
     """Rows = encodings, columns = principles; cells "✓", "✗", "n/a" or
-    "claimed ✓ (measured ✗)" / "claimed ✗ (measured ✓)" where declaration and measurement differ."""
-    names = list(registry.available() if names is None else names)
-    rows = {name: measure(name).cells() for name in names}
+    "claimed ✓ (measured ✗)" / "claimed ✗ (measured ✓)" where declaration and measurement differ.
+
+    ``methods``: encoding names, or (row label, encoding name, options) for specs with options
+    such as ``pape[m=8]``; default: every registered encoding with its default options."""
+    entries = [(m, m, {}) if isinstance(m, str) else m for m in (registry.available() if methods is None else methods)]
+    rows = {label: measure(name, options).cells() for label, name, options in entries}
     table = pd.DataFrame.from_dict(rows, orient="index", columns=[p.value for p in Principle])
     table.index.name = "encoding"
     return table

@@ -24,3 +24,10 @@ def test_papers_listing_and_one_table(capsys):
 def test_table_with_paper_comparison_on_no_results(tmp_path, capsys):
     assert main(["table", "--out", str(tmp_path), "--paper", "pape:table1"]) == 0
     assert "(no results yet)" in capsys.readouterr().out
+
+
+def test_principles_takes_method_specs_with_options(capsys):
+    """The spec string is parsed once; its options reach the measurement (was: KeyError)."""
+    assert main(["principles", "--methods", "pape[m=4],nopos"]) == 0
+    out = capsys.readouterr().out
+    assert "pape[m=4]" in out and "nopos" in out
