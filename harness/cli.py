@@ -2,7 +2,7 @@
 
 pe-bench run --tasks all --methods pape,rope,cape [--profile tiny|paper] [--seeds 0,1,2]
              [--out DIR] [--data-root DIR] [--set optim.epochs=5 ...]
-pe-bench table [--out DIR]
+pe-bench table [--out DIR] [--ci 95] [--no-significance] [--paper pape:table1]
 pe-bench list tasks|methods
 pe-bench bench [--model tiny|vit-s|vit-b] [--methods ...] [--sweep 256,1024,4096]
 pe-bench principles [--methods ...]
@@ -21,6 +21,17 @@ def _seeds(text: str) -> list[int]:
         return [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--seeds expects integers like 0,1,2, got {text!r}") from None
+
+
+def _confidence(text: str) -> float:
+    """``--ci 95`` (percent) -> 0.95."""
+    try:
+        level = float(text.rstrip("%"))
+    except ValueError:
+        level = float("nan")
+    if not 0 < level < 100:
+        raise argparse.ArgumentTypeError(f"--ci expects a confidence level in percent, like 95, got {text!r}")
+    return level / 100
 
 
 def _ints(text: str) -> list[int]:
@@ -45,6 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     table = sub.add_parser("table", help="render the result matrix from stored runs")
     table.add_argument("--out", type=Path, default=Path("results"))
     table.add_argument("--paper", default=None, help="also compare with a published table, e.g. pape:table1")
+    table.add_argument("--ci", type=_confidence, default=None, metavar="LEVEL", help="show ± a t-interval, e.g. 95")
+    table.add_argument(
+        "--significance",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="bold every cell not significantly different from the best (paired t-test; default on)",
+    )
+    table.add_argument("--alpha", type=float, default=0.05, help="significance level of the paired test")
 
     papers = sub.add_parser("papers", help="list the papers' published tables, or print one")
     papers.add_argument("ref", nargs="?", default=None, help="e.g. pape:table5")
@@ -146,14 +165,19 @@ def cmd_table(args: argparse.Namespace) -> int:
     from pe_bench.harness.grid.store import load_records
     from pe_bench.harness.reports.tables import write_extra_tables, write_tables
 
-    print(write_tables(args.out))
+    if not 0 < args.alpha < 1:
+        raise ValueError(f"--alpha must lie between 0 and 1, got {args.alpha}")
+    print(write_tables(args.out, ci=args.ci, significance=args.significance, alpha=args.alpha))
+    written = ["table.md", "table.tex", "table.csv"]
     for text in write_extra_tables(args.out, load_records(args.out)):
         print(f"\n{text}")
     if args.paper:
-        from pe_bench.harness.reports.papers import compare_markdown
+        from pe_bench.harness.reports.papers import comparison_stem, write_comparison
 
         print()
-        print(compare_markdown(load_records(args.out), args.paper))
+        print(write_comparison(args.out, args.paper))
+        written += [f"{comparison_stem(args.paper)}.md", f"{comparison_stem(args.paper)}.csv"]
+    print(f"\n(written to {args.out}/: {', '.join(written)})")
     return 0
 
 
