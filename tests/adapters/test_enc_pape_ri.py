@@ -118,3 +118,43 @@ def test_principles():
     }
     enc = build("pape-ri", Geometry(pos_dim=2), 32, 4, 1, {"form": "explicit"})
     assert Principle.FUSED_KERNEL not in enc.claimed_principles()
+
+
+def test_official_wp_init_is_a_frozen_uniform_draw():
+    """Official code: w_p ~ U(-1/sqrt(P), 1/sqrt(P)) per layer and head, a buffer."""
+    torch.manual_seed(0)
+    enc = build("pape-ri", Geometry(pos_dim=2), 2000, 2000, 2)  # 2000 heads: many draws
+    first, second = enc.make_layer(0), enc.make_layer(1)
+    assert enc.options.wp_init == "official"
+    assert "w_p" not in dict(first.named_parameters())  # not trained ...
+    assert "w_p" in first.state_dict()  # ... but checkpointed
+    bound = 1 / math.sqrt(2)
+    assert first.w_p.abs().max() <= bound
+    assert first.w_p.min() < -0.95 * bound and first.w_p.max() > 0.95 * bound
+    assert abs(first.w_p.mean().item()) < 0.05  # centred (std of the mean ~0.009)
+    assert not torch.equal(first.w_p, second.w_p)  # a fresh draw per layer
+    torch.manual_seed(0)
+    again = build("pape-ri", Geometry(pos_dim=2), 2000, 2000, 2).make_layer(0)
+    torch.testing.assert_close(again.w_p, first.w_p)  # drawn from the seeded global generator
+    three_d = build("pape-ri", Geometry(pos_dim=3), 2000, 2000, 1).make_layer(0)
+    assert three_d.w_p.abs().max() <= 1 / math.sqrt(3)
+
+
+def test_geometric_wp_init_is_learnable_alibi_like():
+    layer = build("pape-ri", Geometry(pos_dim=2), 32, 4, 1, {"wp_init": "geometric"}).make_layer(0)
+    assert "w_p" in dict(layer.named_parameters())
+    torch.testing.assert_close(layer.w_p.detach(), torch.tensor([2**-1, 2**-2, 2**-3, 2**-4]))
+    attn = make_attention("pape-ri", 2, {"wp_init": "geometric"})
+    layout, x = random_layout(2, 16, 2, prefix=1)
+    assert_all_parameters_learn(attn, layout, x)
+
+
+@pytest.mark.parametrize("wp_init", ["official", "geometric"])
+def test_both_initialisations_agree_across_forms_and_decay(wp_init):
+    efficient = make_attention("pape-ri", 2, {"wp_init": wp_init})
+    explicit = make_attention("pape-ri", 2, {"form": "explicit", "wp_init": wp_init})
+    explicit.load_state_dict(efficient.state_dict())
+    layout, x = random_layout(2, 16, 2, prefix=1)
+    torch.testing.assert_close(efficient.logits(x, layout), explicit.logits(x, layout))
+    bias = efficient.logits(x, layout) - plain_copy(efficient).logits(x, layout)
+    assert (bias <= 1e-12).all()
