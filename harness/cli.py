@@ -141,6 +141,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("error: give --tasks and --methods, or --study NAME", file=sys.stderr)
         return 2
     methods = parse_methods(args.methods)
+    if not methods:
+        print(f"error: --methods {args.methods!r} selects no method; give e.g. --methods rope,pape or all",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if not args.seeds:
+        print("error: --seeds selects no seed; give e.g. --seeds 0 or --seeds 0,1,2", file=sys.stderr)
+        return 2
+    args.seeds = list(dict.fromkeys(args.seeds))  # a repeated seed is one cell
     tasks = resolve_tasks(args.tasks)
     if not tasks:
         print("error: no implemented task selected", file=sys.stderr)
@@ -165,6 +173,11 @@ def cmd_table(args: argparse.Namespace) -> int:
     from pe_bench.harness.grid.store import load_records
     from pe_bench.harness.reports.tables import write_extra_tables, write_tables
 
+    if not load_records(args.out):  # a mistyped --out must not print an empty table as if all is well
+        where = "holds no readable results" if (args.out / "runs").is_dir() else "has no results (no runs/ folder)"
+        print(f"error: {args.out} {where}; check --out, or run `pe-bench run --out {args.out} ...` first",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if not 0 < args.alpha < 1:
         raise ValueError(f"--alpha must lie between 0 and 1, got {args.alpha}")
     print(write_tables(args.out, ci=args.ci, significance=args.significance, alpha=args.alpha))
@@ -297,9 +310,7 @@ def cmd_extrapolate(args: argparse.Namespace) -> int:
 
     quiet_lightning()
     methods = None if args.methods is None else _split_methods(args.methods)
-    cells = ex.finished_cells(args.out, args.task, methods)
-    if not cells:
-        raise FileNotFoundError(f"no finished {args.task} cells under {args.out}; run `pe-bench run` first")
+    cells, _ = ex.evaluable_cells(args.out, args.task, methods)
     task, _, _ = ex.load_cell(cells[0].directory, args.data_root)
     size, patch = task.data.image_size, task.config.model.patch_size
     if args.resolutions:

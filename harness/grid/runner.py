@@ -2,13 +2,17 @@
 
 Protocol of PaPE Section 5.1: validate every epoch, keep the best-validation checkpoint,
 report the test metric of that checkpoint. Finished cells are skipped on re-runs; a cell
-that fails or diverges is recorded with its reason and the grid goes on.
+that fails or diverges is recorded with its reason and the grid goes on. Each cell is trained
+under its lock (store.CellLock), so several processes on one results folder share the work.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import signal
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -42,6 +46,10 @@ class GridRequest:
     data_root: Path | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     progress: bool = False  # Lightning's progress bar (only on a terminal)
+    # Cells locked by another process: a lock of another host is stale after this long without
+    # its owner's heartbeat (CellLock); the grid checks every poll_seconds whether they are done.
+    lock_stale_after: float = 600.0
+    poll_seconds: float = 5.0
 
 
 def quiet_lightning() -> None:
@@ -133,12 +141,32 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int) -> store.CellRecord:
-    """Train and evaluate one cell; always returns (and stores) a complete record."""
+@contextmanager
+def lightning_interrupts_kept() -> Iterator[None]:
+    """Lightning answers Ctrl-C during fit or test with ``sys.exit(1)`` (and ignores further
+    Ctrl-Cs; lightning.pytorch.trainer.call). Turn that back into KeyboardInterrupt, so the
+    grid cleans up and the CLI reports the interruption (exit status 130)."""
+    try:
+        yield
+    except SystemExit as exit_:
+        if not isinstance(exit_.__context__, KeyboardInterrupt):
+            raise
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        raise KeyboardInterrupt from None
+
+
+def run_cell(
+    request: GridRequest, task_name: str, method: MethodSpec, seed: int, lock: store.CellLock | None = None
+) -> store.CellRecord:
+    """Train and evaluate one cell; always returns (and stores) a complete record.
+
+    The caller holds the cell's ``lock``: given, it is checked before the result replaces the
+    cell (a lock broken as stale meanwhile means another process owns the cell now).
+    A KeyboardInterrupt leaves nothing of the attempt behind and propagates."""
     final = store.cell_dir(request.out, task_name, method.label, seed)
     config = load_run_config(task_name, request.profile, request.overrides)
     task = get_task(task_name)(config, request.data_root)
-    scale = task.score_scale
     base = {
         "task": task_name,
         "method": method.label,
@@ -147,6 +175,7 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
         "metric": task.metric,
         "metric_label": task.metric_label,
         "higher_is_better": task.higher_is_better,
+        "trained_by": store.trained_by(),
     }
     make_encoding = method.encoding(config.methods.get(method.name))
     reason = make_encoding.unsupported_reason(task.geometry())
@@ -154,12 +183,28 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
         record = store.CellRecord(status=store.STATUS_NA, reason=reason, **base)
         store.write_record(final, record)
         return record
-    options = dict(make_encoding.options)
     staging = store.staging_dir(final)
     try:
+        record = _train_into(staging, task, config, method, make_encoding, seed, base, request.progress)
+        if lock is not None and lock.lost:
+            raise store.CellBusyError(f"the lock of {final} was broken while this process trained it; result discarded")
+    except BaseException:  # Ctrl-C or a lost lock: nothing of this attempt is kept
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    store.promote(staging, final)
+    return record
+
+
+def _train_into(
+    staging: Path, task: Task, config: RunConfig, method: MethodSpec, make_encoding: EncodingFactory, seed: int,
+    base: dict[str, Any], progress: bool,
+) -> store.CellRecord:  # fmt: skip
+    """Train in ``staging`` and write the cell's files and record there; a failure or
+    divergence becomes the record (the grid goes on)."""
+    try:
         task.check_data()
-        with torch_threads(config.trainer.threads):
-            result = _train_and_test(task, make_encoding, seed, staging, request.progress)
+        with torch_threads(config.trainer.threads), lightning_interrupts_kept():
+            result = _train_and_test(task, make_encoding, seed, staging, progress)
             environment = store.environment()  # as the cell ran (threads included)
     except Exception as err:  # the grid must go on: record why this cell has no result
         status = store.STATUS_DIVERGED if isinstance(err, DivergedError) else store.STATUS_FAILED
@@ -169,11 +214,12 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
             extra={"traceback": traceback.format_exc(limit=8)},
             **base,
         )
-        store.promote(staging, final)
-        store.write_record(final, record)
+        store.write_record(staging, record)
         return record
-    (staging / "config.yaml").write_text(yaml.safe_dump(resolved_config(config, method, options), sort_keys=False))
+    options = dict(make_encoding.options)
+    (staging / store.CONFIG).write_text(yaml.safe_dump(resolved_config(config, method, options), sort_keys=False))
     store.write_json_atomic(staging / "env.json", environment)
+    scale = task.score_scale
     best_val = result["best_val"]
     record = store.CellRecord(
         status=store.STATUS_OK,
@@ -184,7 +230,6 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
         **base,
     )
     store.write_record(staging, record)
-    store.promote(staging, final)
     return record
 
 
@@ -219,7 +264,9 @@ def config_differences(stored: dict[str, Any], requested: dict[str, Any], prefix
 
 def check_consistency(request: GridRequest) -> None:
     """A finished cell is only skipped if it ran what is asked now: same profile and config.
-    Otherwise the grid would silently report results of another setting (e.g. a study's)."""
+    Otherwise the grid would silently report results of another setting (e.g. a study's).
+    A cell whose config.yaml is missing or damaged is not finished (store.read_cell): it is
+    trained again rather than trusted unchecked."""
     for task_name in request.tasks:
         config = load_run_config(task_name, request.profile, request.overrides)
         for method in request.methods:
@@ -227,16 +274,16 @@ def check_consistency(request: GridRequest) -> None:
             requested = resolved_config(config, method, options)
             for seed in request.seeds:
                 cell = store.cell_dir(request.out, task_name, method.label, seed)
-                existing = store.read_record(cell)
+                stored = store.read_cell(cell)
+                existing = stored.record
                 if existing and existing.profile != request.profile:
                     raise ValueError(
                         f"{request.out} already holds {existing.profile!r}-profile results for "
                         f"{task_name}/{method.label}/seed{seed}; use another --out for the {request.profile!r} profile"
                     )
-                stored_path = cell / "config.yaml"
-                if not existing or existing.status != store.STATUS_OK or not stored_path.is_file():
+                if not stored.finished or stored.config is None:
                     continue
-                differences = config_differences(yaml.safe_load(stored_path.read_text()), requested)
+                differences = config_differences(stored.config, requested)
                 if differences:
                     raise ValueError(
                         f"{cell} was trained with another configuration ("
@@ -246,29 +293,108 @@ def check_consistency(request: GridRequest) -> None:
                     )
 
 
+Cell = tuple[str, MethodSpec, int]
+
+
+def _cell_dir(request: GridRequest, cell: Cell) -> Path:
+    task_name, method, seed = cell
+    return store.cell_dir(request.out, task_name, method.label, seed)
+
+
+def _first_line(text: str, limit: int) -> str:
+    return (text.splitlines() or [""])[0][:limit]
+
+
+def _outcome(record: store.CellRecord) -> str:
+    if record.status == store.STATUS_OK:
+        return f"{record.metric_label} {record.score:.2f}"
+    return f"{record.status} - {_first_line(record.reason, 200)}"
+
+
+def _trainer(record: store.CellRecord) -> str:
+    who = record.trained_by
+    return f"pid {who.get('pid', '?')} on host {who.get('host', '?')}" if who else "another process"
+
+
+def _record_state(final: Path) -> tuple[int, int, int] | None:
+    """Identity of a cell's record file, to notice that another process wrote a new one."""
+    try:
+        stat = (final / store.RECORD).stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def _claim_and_run(
+    request: GridRequest, cell: Cell, where: str, say: Callable[[str], None]
+) -> store.CellRecord | store.LockOwner:
+    """The cell's record (reused, or trained now under its lock), or the live owner of its lock."""
+    task_name, method, seed = cell
+    final = _cell_dir(request, cell)
+    stored = store.read_cell(final)
+    if stored.finished:
+        say(f"{where}: finished earlier, skipped")
+        return stored.record
+    lock = store.CellLock(final, stale_after=request.lock_stale_after, say=say)
+    if not lock.acquire():
+        return lock.owner
+    with lock:
+        stored = store.read_cell(final)  # another process may have finished it meanwhile
+        if stored.finished:
+            say(f"{where}: finished by {_trainer(stored.record)}, skipped")
+            return stored.record
+        if stored.problem:
+            say(f"{where}: re-running: {stored.problem}")
+        elif stored.record:
+            say(f"{where}: retrying (last time {stored.record.status}: {_first_line(stored.record.reason, 120)})")
+        start = time.perf_counter()
+        try:
+            record = run_cell(request, task_name, method, seed, lock)
+        except store.CellBusyError as err:
+            say(f"{where}: {err}")
+            return lock.current_owner() or store.LockOwner()
+        took = f" ({time.perf_counter() - start:.0f}s)" if record.status == store.STATUS_OK else ""
+        say(f"{where}: {_outcome(record)}{took}")
+        sys.stdout.flush()
+        return record
+
+
 def run_grid(request: GridRequest, say: Callable[[str], None] = print) -> list[store.CellRecord]:
+    """Train every cell not finished yet, one after the other.
+
+    Several processes may run grids on the same ``out`` (also from several hosts on a shared
+    file system): each cell is trained by whoever takes its lock first. A cell locked by a live
+    process is passed over; once its own cells are done the grid waits for those, checking
+    every ``poll_seconds``, and takes over a cell whose owner stopped without finishing it.
+    So every process returns (and prints) the complete grid."""
     quiet_lightning()
     check_consistency(request)
     cells = [(t, m, s) for t in request.tasks for m in request.methods for s in request.seeds]
-    records = []
-    for index, (task_name, method, seed) in enumerate(cells, 1):
-        where = f"[{index}/{len(cells)}] {task_name} · {method.label} · seed {seed}"
-        existing = store.read_record(store.cell_dir(request.out, task_name, method.label, seed))
-        if existing and existing.status in (store.STATUS_OK, store.STATUS_NA):
-            say(f"{where}: finished earlier, skipped")
-            records.append(existing)
+    label = {i: f"[{i}/{len(cells)}] {t} · {m.label} · seed {s}" for i, (t, m, s) in enumerate(cells, 1)}
+    records: dict[int, store.CellRecord] = {}
+    elsewhere: dict[int, tuple | None] = {}  # cells locked by others: their record's state then
+    for index, cell in enumerate(cells, 1):
+        outcome = _claim_and_run(request, cell, label[index], say)
+        if isinstance(outcome, store.CellRecord):
+            records[index] = outcome
             continue
-        if existing:
-            say(f"{where}: retrying (last time {existing.status}: {existing.reason.splitlines()[0][:120]})")
-        start = time.perf_counter()
-        record = run_cell(request, task_name, method, seed)
-        records.append(record)
-        elapsed = time.perf_counter() - start
-        if record.status == store.STATUS_OK:
-            say(f"{where}: {record.metric_label} {record.score:.2f} ({elapsed:.0f}s)")
-        else:
-            say(f"{where}: {record.status} - {record.reason.splitlines()[0][:200]}")
-        sys.stdout.flush()
+        say(f"{label[index]}: running in another process ({outcome.describe()}); waiting for it at the end")
+        elsewhere[index] = _record_state(_cell_dir(request, cell))
+    if elsewhere:
+        every = f"checking every {request.poll_seconds:g}s"
+        say(f"waiting for {len(elsewhere)} cell(s) running in other processes ({every})")
+    while elsewhere:
+        time.sleep(request.poll_seconds)
+        for index, before in list(elsewhere.items()):
+            final = _cell_dir(request, cells[index - 1])
+            if _record_state(final) != before and (record := store.read_record(final)) is not None:
+                say(f"{label[index]}: done by {_trainer(record)}: {_outcome(record)}")
+            else:  # still running, or its owner stopped without a result: then it is ours now
+                record = _claim_and_run(request, cells[index - 1], label[index], say)
+                if isinstance(record, store.LockOwner):
+                    continue
+            records[index] = record
+            del elsewhere[index]
     # Tasks' own tables beyond the matrix (speech: WER per duration bin), from every stored cell.
     write_extra_tables(request.out, store.load_records(request.out))
-    return records
+    return [records[i] for i in sorted(records)]

@@ -230,7 +230,7 @@ def feature_key(data: SpeechDataConfig) -> str:
 
 def load_or_store_features(dataset: Utterances, path: Path) -> None:
     if path.is_file():
-        dataset.cache = dict(enumerate(torch.load(path)))
+        dataset.cache = dict(enumerate(torch.load(path, weights_only=True)))
         return
     feats = [dataset._features(i) for i in range(len(dataset))]
     staging = path.with_suffix(f".{os.getpid()}.tmp")
