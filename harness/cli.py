@@ -52,6 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-root", type=Path, default=None, help="folder holding the real datasets")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
+    run.add_argument(
+        "--jobs", type=_jobs, default=1, metavar="N|auto",
+        help="cells at once on this machine, each in its own process (auto: one per CPU core; default 1)",
+    )  # fmt: skip
+    run.add_argument("--executor", choices=["local", "ray", "slurm"], default="local",
+                     help="local (this machine; see --jobs), ray (a Ray cluster) or slurm (a job array via submitit)")
+    run.add_argument("--address", default=None, help="Ray cluster address (default: start or join a local one)")
+    run.add_argument("--gpu-share", type=float, default=1.0, metavar="F",
+                     help="fraction of a GPU one cell takes (0.25: four cells per GPU)")
+    run.add_argument("--slurm-partition", default=None, help="sbatch partition of the job array")
 
     table = sub.add_parser("table", help="render the result matrix from stored runs")
     table.add_argument("--out", type=Path, default=Path("results"))
@@ -158,6 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         task.check_data()
     progress = sys.stdout.isatty() if args.progress is None else args.progress
     request = GridRequest(tasks, methods, args.profile, args.seeds, args.out, args.data_root, overrides, progress)
+    request.executor = _executor(args)
     records = run_grid(request)
     print()
     print(write_tables(args.out))
@@ -167,6 +178,36 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{len(failed)} cell(s) failed or diverged; their reasons are in result.json", file=sys.stderr)
         return 1
     return 0
+
+
+def _jobs(text: str) -> int:
+    from pe_bench.harness.grid.executor import auto_jobs
+
+    if text == "auto":
+        return auto_jobs()
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--jobs takes a positive number or auto, got {text!r}")
+    return int(text)
+
+
+def _executor(args: argparse.Namespace):
+    """None (cells one after the other in this process) or the executor the flags ask for."""
+    from pe_bench.harness.grid import executor
+
+    if args.executor == "ray":
+        return executor.RayExecutor(args.address, gpu_share=args.gpu_share)
+    if args.executor == "slurm":
+        return executor.SlurmExecutor(executor.SlurmSettings(partition=args.slurm_partition))
+    if args.jobs > 1:
+        gpus = list(range(torch_cuda_devices()))
+        return executor.ParallelExecutor(args.jobs, gpus=gpus or None, gpu_share=args.gpu_share)
+    return None
+
+
+def torch_cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def cmd_table(args: argparse.Namespace) -> int:
@@ -396,10 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     from pe_bench.adapters import UnknownEncodingError
 
     from .config import ConfigError
+    from .grid.executor import ExecutorUnavailable
 
     try:
         return COMMANDS[args.command](args)
-    except (UnknownEncodingError, ConfigError, FileNotFoundError, KeyError, ValueError) as err:
+    except (UnknownEncodingError, ConfigError, ExecutorUnavailable, FileNotFoundError, KeyError, ValueError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"error: {message}", file=sys.stderr)
         return 2

@@ -53,7 +53,7 @@ def request_payload(request: Any) -> dict[str, Any]:
 def run_cell_entry(payload: dict[str, Any], cell: Cell, threads: int | None = None) -> str:
     """Run one cell in this process from a request payload; returns the record's status."""
     from .methods import parse_method
-    from .runner import GridRequest, quiet_lightning, run_cell
+    from .runner import GridRequest, claim_and_run, quiet_lightning
 
     quiet_lightning()
     overrides = dict(payload["overrides"])
@@ -72,8 +72,8 @@ def run_cell_entry(payload: dict[str, Any], cell: Cell, threads: int | None = No
     if payload.get("task_overrides") and hasattr(request, "task_overrides"):
         request.task_overrides = payload["task_overrides"]
     task, method, seed = cell
-    record = run_cell(request, task, parse_method(method), seed)
-    return record.status
+    outcome = claim_and_run(request, (task, parse_method(method), seed), _name(cell), print, retry_failed=True)
+    return getattr(outcome, "status", "elsewhere")  # a live process elsewhere holds the cell
 
 
 def cell_command(payload_file: Path, cell: Cell, threads: int | None) -> list[str]:
@@ -97,18 +97,8 @@ class Executor(ABC):
     @abstractmethod
     def run(self, request: Any, cells: list[Cell], say: Callable[[str], None]) -> None: ...
 
-
-class SequentialExecutor(Executor):
-    """One cell after the other in this process (the default; Lightning's DDP for one cell)."""
-
-    name = "local"
-
-    def __init__(self, run_one: Callable[[Cell], None]) -> None:
-        self.run_one = run_one
-
-    def run(self, request: Any, cells: list[Cell], say: Callable[[str], None]) -> None:
-        for cell in cells:
-            self.run_one(cell)
+    def describe(self, pending: int) -> str:
+        return f"{pending} to run by the {self.name} executor"
 
 
 def auto_jobs() -> int:
@@ -169,6 +159,10 @@ class ParallelExecutor(Executor):
             self.jobs = min(self.jobs, len(self.slots.gpus) * self.slots.per_gpu)
         self.threads = max(1, auto_jobs() // self.jobs)
         self.poll = poll
+
+    def describe(self, pending: int) -> str:
+        gpus = f", {self.slots.per_gpu} per GPU on GPUs {self.slots.gpus}" if self.slots else ""
+        return f"{pending} to run, {self.jobs} at once with {self.threads} CPU thread(s) each{gpus}"
 
     def run(self, request: Any, cells: list[Cell], say: Callable[[str], None]) -> None:
         out = Path(request.out)

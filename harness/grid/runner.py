@@ -50,6 +50,9 @@ class GridRequest:
     # its owner's heartbeat (CellLock); the grid checks every poll_seconds whether they are done.
     lock_stale_after: float = 600.0
     poll_seconds: float = 5.0
+    # Who trains the pending cells (harness/grid/executor.py): None = this process, one after
+    # the other; otherwise e.g. ParallelExecutor(jobs=4) or RayExecutor(address).
+    executor: Any = None
 
 
 def quiet_lightning() -> None:
@@ -325,15 +328,20 @@ def _record_state(final: Path) -> tuple[int, int, int] | None:
     return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
-def _claim_and_run(
-    request: GridRequest, cell: Cell, where: str, say: Callable[[str], None]
+def claim_and_run(
+    request: GridRequest, cell: Cell, where: str, say: Callable[[str], None], retry_failed: bool = True
 ) -> store.CellRecord | store.LockOwner:
-    """The cell's record (reused, or trained now under its lock), or the live owner of its lock."""
+    """The cell's record (reused, or trained now under its lock), or the live owner of its lock.
+    The unit every executor runs. ``retry_failed=False`` returns a failed or diverged record
+    as it is (an executor has just tried the cell)."""
     task_name, method, seed = cell
     final = _cell_dir(request, cell)
     stored = store.read_cell(final)
     if stored.finished:
         say(f"{where}: finished earlier, skipped")
+        return stored.record
+    if not retry_failed and stored.record is not None and not stored.problem:
+        say(f"{where}: {_outcome(stored.record)}")
         return stored.record
     lock = store.CellLock(final, stale_after=request.lock_stale_after, say=say)
     if not lock.acquire():
@@ -360,7 +368,7 @@ def _claim_and_run(
 
 
 def run_grid(request: GridRequest, say: Callable[[str], None] = print) -> list[store.CellRecord]:
-    """Train every cell not finished yet, one after the other.
+    """Train every cell not finished yet: one after the other, or by ``request.executor``.
 
     Several processes may run grids on the same ``out`` (also from several hosts on a shared
     file system): each cell is trained by whoever takes its lock first. A cell locked by a live
@@ -371,10 +379,17 @@ def run_grid(request: GridRequest, say: Callable[[str], None] = print) -> list[s
     check_consistency(request)
     cells = [(t, m, s) for t in request.tasks for m in request.methods for s in request.seeds]
     label = {i: f"[{i}/{len(cells)}] {t} · {m.label} · seed {s}" for i, (t, m, s) in enumerate(cells, 1)}
+    attempted: set[Cell] = set()
+    if request.executor is not None:  # the executor trains the pending cells; the loop below collects them
+        attempted = {c for c in cells if not store.read_cell(_cell_dir(request, c)).finished}
+        pending = [(t, m.label, s) for t, m, s in cells if (t, m, s) in attempted]
+        finished = len(cells) - len(pending)
+        say(f"{finished} of {len(cells)} cells finished earlier; {request.executor.describe(len(pending))}")
+        request.executor.run(request, pending, say)
     records: dict[int, store.CellRecord] = {}
     elsewhere: dict[int, tuple | None] = {}  # cells locked by others: their record's state then
     for index, cell in enumerate(cells, 1):
-        outcome = _claim_and_run(request, cell, label[index], say)
+        outcome = claim_and_run(request, cell, label[index], say, retry_failed=cell not in attempted)
         if isinstance(outcome, store.CellRecord):
             records[index] = outcome
             continue
@@ -390,7 +405,7 @@ def run_grid(request: GridRequest, say: Callable[[str], None] = print) -> list[s
             if _record_state(final) != before and (record := store.read_record(final)) is not None:
                 say(f"{label[index]}: done by {_trainer(record)}: {_outcome(record)}")
             else:  # still running, or its owner stopped without a result: then it is ours now
-                record = _claim_and_run(request, cells[index - 1], label[index], say)
+                record = claim_and_run(request, cells[index - 1], label[index], say)
                 if isinstance(record, store.LockOwner):
                     continue
             records[index] = record

@@ -20,7 +20,7 @@ from pe_bench.tasks import get_task
 # attribute name "encoding" then); pape at the profile's m = 8.
 TINY_VIT_POSITIONAL = {
     "abspos": 2304, "alibi": 0, "cape": 0, "cope": 2368, "lookhere": 0, "nopos": 0, "pape": 16640,
-    "pape-ri": 1040, "relpos": 1936, "rope": 0, "rope-mixed": 256, "sape2": 896, "sincos": 0,
+    "pape-ri": 1024, "relpos": 1936, "rope": 0, "rope-mixed": 256, "sape2": 896, "sincos": 0,
     "string-cayley": 2176, "string-circulant": 224, "wepe": 387,
 }  # fmt: skip
 # PaPE Table 4's m study on the same model (the bench's pos_params column).
