@@ -17,7 +17,8 @@ from pe_bench.tasks import get_task
 
 # Positional parameters of the tiny imagenet ViT (the bench's "tiny" model) per encoding,
 # as the grid recorded them before the count was decided by type (it matched on the
-# attribute name "encoding" then); pape at the profile's m = 8.
+# attribute name "encoding" then); pape at the profile's m = 8; pape-ri 1024 since its w_p is
+# the official frozen draw (a buffer), 16 fewer than the learnable one.
 TINY_VIT_POSITIONAL = {
     "abspos": 2304, "alibi": 0, "cape": 0, "cope": 2368, "lookhere": 0, "nopos": 0, "pape": 16640,
     "pape-ri": 1024, "relpos": 1936, "rope": 0, "rope-mixed": 256, "sape2": 896, "sincos": 0,
