@@ -29,6 +29,7 @@ from ..module import DivergedError
 from ..reports.tables import write_extra_tables
 from . import store
 from .methods import MethodSpec
+from .progress import EpochLog, best_epoch, print_flushed
 
 
 @dataclass
@@ -67,7 +68,6 @@ def resolve_precision(config: RunConfig) -> str:
 def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workdir: Path, progress: bool) -> dict:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
 
     config = task.config
     L.seed_everything(seed, workers=True, verbose=False)
@@ -84,6 +84,8 @@ def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workd
         save_weights_only=True,
         enable_version_counter=False,
     )
+    # metrics.csv, one row per epoch; without progress bars also a printed line per epoch.
+    epochs = EpochLog(workdir, monitor, task.metric_label, task.score_scale, say=None if progress else print_flushed)
     trainer = L.Trainer(
         max_epochs=config.optim.epochs,
         accelerator=config.trainer.accelerator,
@@ -93,8 +95,8 @@ def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workd
         precision=resolve_precision(config),
         gradient_clip_val=config.optim.grad_clip,
         max_time=config.trainer.max_time,
-        callbacks=[checkpoint],
-        logger=CSVLogger(workdir, name="", version=""),
+        callbacks=[checkpoint, epochs],
+        logger=False,
         default_root_dir=workdir,
         enable_progress_bar=progress,
         enable_model_summary=False,
@@ -114,6 +116,7 @@ def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workd
         "extra_results": dict(extra_results()) if callable(extra_results) else {},
         "test": float(tested[0][f"test/{task.metric}"]),
         "best_val": None if best_val is None else float(best_val),
+        "best_epoch": best_epoch(checkpoint.best_model_path),
         "train_seconds": train_seconds,
         "parameters": sum(p.numel() for p in model.parameters()),
         "positional_parameters": sum(p.numel() for n, p in model.named_parameters() if _is_positional(n)),
@@ -182,6 +185,7 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
         status=store.STATUS_OK,
         score=result["test"] * scale,
         best_val=None if best_val is None else best_val * scale,
+        best_epoch=result["best_epoch"],
         train_seconds=result["train_seconds"],
         extra={k: result[k] for k in ("parameters", "positional_parameters")} | result["extra_results"],
         **base,
