@@ -56,6 +56,10 @@ class TrainerConfig(Strict):
     # CPU threads for torch (None: torch's default, or OMP_NUM_THREADS). On a busy machine 1
     # thread per process avoids oversubscription, which made steps 8-14x slower here.
     threads: int | None = Field(default=None, ge=1)
+    # Experiment trackers, several at once. The cell's metrics.csv (one row per epoch) is always
+    # written: "csv" alone is the default and adds nothing. tensorboard, wandb and mlflow need
+    # the ``tracking`` extra (pip install 'pe-bench[tracking]').
+    logger: list[Literal["csv", "tensorboard", "wandb", "mlflow"]] = ["csv"]
 
 
 class RunConfig(Strict):

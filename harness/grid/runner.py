@@ -200,27 +200,37 @@ def resolved_config(config: RunConfig, method: MethodSpec, options: dict) -> dic
     return config.model_dump(mode="json") | {"method": method.label, "encoding": method.name, "options": options}
 
 
-# Not compared: ``trainer`` (workers, devices, time caps do not change what a cell measures)
-# and ``methods`` (every method's options; the cell's own are under ``options``).
-_UNCOMPARED = ("trainer", "methods")
+# Settings a finished cell may differ in and still be reused: only those that cannot change
+# what it measures. Everything else counts, the ``trainer`` section included: precision and
+# accelerator change the arithmetic, devices/num_nodes/strategy the global batch and its
+# reduction, threads the order of CPU reductions, max_time where training stops, and
+# num_workers the random augmentations (each data-loader worker draws from its own seeded
+# stream, so 0 and 4 workers crop and flip differently).
+_UNCOMPARED = frozenset(
+    {
+        "methods",  # every method's options; the cell's own are compared under ``options``
+        "trainer.logger",  # experiment trackers only watch the run
+    }
+)
 # Typed sections: a key missing from an older cell's file is a field added to the code since,
 # at its default. ``data`` and ``options`` are free-form: a missing key there is a real change.
-_TYPED = ("model", "optim")
+_TYPED = ("model", "optim", "trainer")
 
 
 def config_differences(stored: dict[str, Any], requested: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between a stored cell config and a requested one."""
     differences = []
     for key in sorted(set(stored) | set(requested)):
-        if not prefix and key in _UNCOMPARED:
+        dotted = f"{prefix}{key}"
+        if dotted in _UNCOMPARED:
             continue
         if key not in stored and prefix.split(".")[0] in _TYPED:
             continue
         old, new = stored.get(key), requested.get(key)
         if isinstance(old, dict) and isinstance(new, dict):
-            differences += config_differences(old, new, f"{prefix}{key}.")
+            differences += config_differences(old, new, f"{dotted}.")
         elif old != new:
-            differences.append(f"{prefix}{key}: {old!r} stored, {new!r} requested")
+            differences.append(f"{dotted}: {old!r} stored, {new!r} requested")
     return differences
 
 
