@@ -39,7 +39,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seeds", type=_seeds, default=[0])
     run.add_argument("--out", type=Path, default=None, help="results folder (default: results, results/studies/NAME)")
     run.add_argument("--data-root", type=Path, default=None, help="folder holding the real datasets")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="[TASK:]KEY=VALUE",
+        help="override a config key for every task (optim.lr=1e-3) or for one task (imagenet:optim.lr=1e-3); "
+        "repeatable",
+    )
+    run.add_argument(
+        "-c",
+        "--config",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="YAML file of overrides per task, 'all' for every task, e.g. "
+        "{all: {optim: {epochs: 5}}, imagenet: {optim: {lr: 1.0e-3}}}; repeatable. "
+        "A task's own overrides beat 'all'; --set beats the files",
+    )
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
 
     table = sub.add_parser("table", help="render the result matrix from stored runs")
@@ -107,9 +125,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pe_bench.harness.reports.tables import write_tables
     from pe_bench.tasks import get_task, resolve_tasks
 
-    from .config import deep_merge, load_run_config, load_study, parse_overrides
+    from .config import ALL_TASKS, deep_merge, load_run_config, load_study, override_scope, task_overrides
 
-    overrides = parse_overrides(args.set)
+    scoped = task_overrides(args.set, args.config)
+    overrides = scoped.pop(ALL_TASKS, {})
     if args.study:
         study = load_study(args.study)
         args.tasks = args.tasks or ",".join(study.tasks)
@@ -126,11 +145,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not tasks:
         print("error: no implemented task selected", file=sys.stderr)
         return 2
-    for name in tasks:  # fail fast: configs valid and data present before any training
-        task = get_task(name)(load_run_config(name, args.profile, overrides), args.data_root)
-        task.check_data()
+    _check_override_scopes(scoped, {override_scope(pair) for pair in args.set}, tasks)
     progress = sys.stdout.isatty() if args.progress is None else args.progress
-    request = GridRequest(tasks, methods, args.profile, args.seeds, args.out, args.data_root, overrides, progress)
+    request = GridRequest(
+        tasks, methods, args.profile, args.seeds, args.out, args.data_root, overrides, progress,
+        task_overrides={task: tree for task, tree in scoped.items() if task in tasks},
+    )  # fmt: skip
+    for name in tasks:  # fail fast: configs valid and data present before any training
+        task = get_task(name)(load_run_config(name, args.profile, request.overrides_for(name)), args.data_root)
+        task.check_data()
     records = run_grid(request)
     print()
     print(write_tables(args.out))
@@ -140,6 +163,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{len(failed)} cell(s) failed or diverged; their reasons are in result.json", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_override_scopes(scoped: dict, from_command_line: set[str], tasks: list[str]) -> None:
+    """Every scope names a task; one typed on the command line also names a task of this grid
+    (a file may hold overrides for tasks of other grids)."""
+    from pe_bench.tasks import get_task
+
+    for scope in scoped:
+        try:
+            get_task(scope)
+        except KeyError as err:  # names the known tasks and a close match
+            raise ValueError(f"overrides for {scope!r} (use a task name or 'all'): {err.args[0]}") from None
+        if scope in from_command_line and scope not in tasks:
+            raise ValueError(f"--set {scope}:...: {scope} is not a task of this grid ({', '.join(tasks)})")
 
 
 def cmd_table(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ import yaml
 from pe_bench.adapters import EncodingFactory
 from pe_bench.tasks import Task, get_task
 
-from ..config import RunConfig, load_run_config
+from ..config import RunConfig, deep_merge, load_run_config
 from ..module import DivergedError
 from ..reports.tables import write_extra_tables
 from . import store
@@ -40,8 +40,13 @@ class GridRequest:
     seeds: list[int] = field(default_factory=lambda: [0])
     out: Path = Path("results")
     data_root: Path | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)  # for every task
     progress: bool = False  # Lightning's progress bar (only on a terminal)
+    task_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> its own, over ``overrides``
+
+    def overrides_for(self, task: str) -> dict[str, Any]:
+        """The grid-wide overrides with the task's own on top."""
+        return deep_merge(self.overrides, self.task_overrides.get(task, {}))
 
 
 def quiet_lightning() -> None:
@@ -142,7 +147,7 @@ def _is_positional(name: str) -> bool:
 def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int) -> store.CellRecord:
     """Train and evaluate one cell; always returns (and stores) a complete record."""
     final = store.cell_dir(request.out, task_name, method.label, seed)
-    config = load_run_config(task_name, request.profile, request.overrides)
+    config = load_run_config(task_name, request.profile, request.overrides_for(task_name))
     task = get_task(task_name)(config, request.data_root)
     scale = task.score_scale
     base = {
@@ -238,7 +243,7 @@ def check_consistency(request: GridRequest) -> None:
     """A finished cell is only skipped if it ran what is asked now: same profile and config.
     Otherwise the grid would silently report results of another setting (e.g. a study's)."""
     for task_name in request.tasks:
-        config = load_run_config(task_name, request.profile, request.overrides)
+        config = load_run_config(task_name, request.profile, request.overrides_for(task_name))
         for method in request.methods:
             options = method.merged_options(config.methods.get(method.name))
             requested = resolved_config(config, method, options)
