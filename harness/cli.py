@@ -23,20 +23,44 @@ def _seeds(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--seeds expects integers like 0,1,2, got {text!r}") from None
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pe-bench")
+    except PackageNotFoundError:  # running from a checkout that is not installed
+        from pe_bench import __version__
+
+        return __version__
+
+
 def _ints(text: str) -> list[int]:
     return [int(s) for s in text.split(",") if s.strip()]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pe-bench", description=__doc__.split("\n\n")[0].strip())
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="train and evaluate a grid of tasks x methods x seeds")
     run.add_argument("--tasks", help="comma-separated tasks or a group (all, pape-table1, ...)")
     run.add_argument("--methods", help="comma-separated encodings, NAME[key=value,...] or all")
     run.add_argument("--study", help="a ready-made grid instead of --tasks/--methods: pape-ablation, pape-m, univit")
-    run.add_argument("--profile", default="tiny", help="tiny (default, no download) or paper (real datasets)")
-    run.add_argument("--seeds", type=_seeds, default=[0])
+    run.add_argument(
+        "--profile",
+        default="tiny",
+        help="tiny (default): small generated or packaged stand-in data, no download, minutes on a CPU; "
+        "paper: the papers' models and hyperparameters on the real datasets under --data-root. "
+        "`pe-bench list tasks` shows each task's profiles",
+    )
+    run.add_argument(
+        "--seeds",
+        type=_seeds,
+        default=[0],
+        metavar="S[,S...]",
+        help="comma-separated seeds, e.g. 0,1,2 (default: 0); one cell per seed, tables show mean ± std",
+    )
     run.add_argument("--out", type=Path, default=None, help="results folder (default: results, results/studies/NAME)")
     run.add_argument("--data-root", type=Path, default=None, help="folder holding the real datasets")
     run.add_argument(
@@ -58,7 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
         "{all: {optim: {epochs: 5}}, imagenet: {optim: {lr: 1.0e-3}}}; repeatable. "
         "A task's own overrides beat 'all'; --set beats the files",
     )
-    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
+    run.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bars (default: on a terminal); without them a line per epoch is printed",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what each cell would do (train, reuse, retry, n/a, conflict) and train nothing",
+    )
 
     table = sub.add_parser("table", help="render the result matrix from stored runs")
     table.add_argument("--out", type=Path, default=Path("results"))
@@ -154,6 +188,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name in tasks:  # fail fast: configs valid and data present before any training
         task = get_task(name)(load_run_config(name, args.profile, request.overrides_for(name)), args.data_root)
         task.check_data()
+    if args.dry_run:
+        from pe_bench.harness.grid.plan import CONFLICT, format_plan, plan_grid
+
+        planned = plan_grid(request)
+        print(format_plan(request, planned))
+        return 2 if any(cell.action == CONFLICT for cell in planned) else 0
     records = run_grid(request)
     print()
     print(write_tables(args.out))
