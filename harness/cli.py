@@ -366,12 +366,11 @@ def cmd_extrapolate(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    import numpy as np
     import pandas as pd
     import torch
 
     from pe_bench.harness.grid.store import cell_dir
-    from pe_bench.harness.reports.analysis import pape_head_scores, plot_heatmap
+    from pe_bench.harness.reports.analysis import head_name, pape_head_scores, plot_heatmap
     from pe_bench.harness.reports.extrapolate import load_cell
 
     directory = cell_dir(args.out, args.task, args.method, args.seed)
@@ -392,8 +391,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     frame.columns = [f"H{h + 1}" for h in range(scores.shape[1])]
     frame.to_csv(target / "zscores.csv")
     plot_heatmap(scores, target / "heatmap", f"{args.task} · {args.method}: z per head (τ = {args.tau})")
-    print(frame.round(4).to_markdown())
-    print(f"most positional head: {np.unravel_index(scores.argmax(), scores.shape)}, written to {target}/")
+    print(frame.to_markdown(floatfmt=".3f"))
+    print(f"most positional head: {head_name(scores, 'max')}, most semantic: {head_name(scores, 'min')}")
+    print(f"(written to {target}/)")
     return 0
 
 
