@@ -153,6 +153,7 @@ def _cuda() -> bool:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from pe_bench.harness.grid.loggers import require_trackers
     from pe_bench.harness.grid.methods import parse_methods
     from pe_bench.harness.grid.runner import GridRequest, run_grid
     from pe_bench.harness.grid.store import STATUS_DIVERGED, STATUS_FAILED
@@ -185,9 +186,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         tasks, methods, args.profile, args.seeds, args.out, args.data_root, overrides, progress,
         task_overrides={task: tree for task, tree in scoped.items() if task in tasks},
     )  # fmt: skip
-    for name in tasks:  # fail fast: configs valid and data present before any training
-        task = get_task(name)(load_run_config(name, args.profile, request.overrides_for(name)), args.data_root)
-        task.check_data()
+    for name in tasks:  # fail fast: configs valid, trackers installed, data present before any training
+        config = load_run_config(name, args.profile, request.overrides_for(name))
+        require_trackers(config.trainer.logger)
+        get_task(name)(config, args.data_root).check_data()
     if args.dry_run:
         from pe_bench.harness.grid.plan import CONFLICT, format_plan, plan_grid
 

@@ -28,6 +28,7 @@ from ..config import RunConfig, deep_merge, load_run_config
 from ..module import DivergedError
 from ..reports.tables import write_extra_tables
 from . import store
+from .loggers import close_loggers, make_loggers
 from .methods import MethodSpec
 from .progress import EpochLog, best_epoch, print_flushed
 
@@ -70,7 +71,12 @@ def resolve_precision(config: RunConfig) -> str:
     return "bf16-mixed" if on_gpu else "32-true"
 
 
-def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workdir: Path, progress: bool) -> dict:
+def _train_and_test(
+    task: Task, make_encoding: EncodingFactory, seed: int, workdir: Path, progress: bool, run_name: str = "",
+    grid: Path | None = None,
+) -> dict:  # fmt: skip
+    """Fit with validation every epoch, test the best-validation checkpoint. ``run_name``
+    (``task/method/seedN``) and ``grid`` (the results folder) name the run for trackers."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -91,6 +97,7 @@ def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workd
     )
     # metrics.csv, one row per epoch; without progress bars also a printed line per epoch.
     epochs = EpochLog(workdir, monitor, task.metric_label, task.score_scale, say=None if progress else print_flushed)
+    loggers = make_loggers(config.trainer.logger, workdir, run_name, grid)
     trainer = L.Trainer(
         max_epochs=config.optim.epochs,
         accelerator=config.trainer.accelerator,
@@ -101,18 +108,21 @@ def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workd
         gradient_clip_val=config.optim.grad_clip,
         max_time=config.trainer.max_time,
         callbacks=[checkpoint, epochs],
-        logger=False,
+        logger=loggers or False,
         default_root_dir=workdir,
         enable_progress_bar=progress,
         enable_model_summary=False,
         log_every_n_steps=10,
     )
-    start = time.perf_counter()
-    trainer.fit(module, datamodule=data)
-    train_seconds = time.perf_counter() - start
-    if not checkpoint.best_model_path:
-        raise RuntimeError(f"no checkpoint was saved: {monitor} was never logged")
-    tested = trainer.test(module, datamodule=data, ckpt_path=checkpoint.best_model_path, verbose=False)
+    try:
+        start = time.perf_counter()
+        trainer.fit(module, datamodule=data)
+        train_seconds = time.perf_counter() - start
+        if not checkpoint.best_model_path:
+            raise RuntimeError(f"no checkpoint was saved: {monitor} was never logged")
+        tested = trainer.test(module, datamodule=data, ckpt_path=checkpoint.best_model_path, verbose=False)
+    finally:
+        close_loggers(loggers)
     best_val = checkpoint.best_model_score
     # Optional hook: a task's module may report more than its one metric (e.g. WER per
     # duration bin); it lands in the cell record's ``extra``.
@@ -170,7 +180,8 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
     try:
         task.check_data()
         with torch_threads(config.trainer.threads):
-            result = _train_and_test(task, make_encoding, seed, staging, request.progress)
+            run_name = f"{task_name}/{method.label}/seed{seed}"
+            result = _train_and_test(task, make_encoding, seed, staging, request.progress, run_name, request.out)
             environment = store.environment()  # as the cell ran (threads included)
     except Exception as err:  # the grid must go on: record why this cell has no result
         status = store.STATUS_DIVERGED if isinstance(err, DivergedError) else store.STATUS_FAILED
