@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--methods", default=None, help="default: PaPE Table 4's encodings, PaPE for m 2..64")
     bench.add_argument("--batch", type=_ints, default=[1, 32], help="inference batch sizes (time per image)")
     bench.add_argument("--train-batch", type=int, default=32, help="training-step batch; 0 leaves it out")
-    bench.add_argument("--repeats", type=int, default=10)
+    bench.add_argument("--repeats", type=int, default=10, help="timed samples per figure (median and IQR)")
+    bench.add_argument("--threads", type=int, default=None, help="torch CPU threads while timing (default: torch's)")
     bench.add_argument("--image-size", type=int, default=None)
     bench.add_argument("--device", default="cuda" if _cuda() else "cpu")
     bench.add_argument("--sweep", type=_ints, default=None, help="token counts for the attention-layer sweep")
@@ -144,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="run the conformance suite on one encoding")
     check.add_argument("name")
     return parser
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _cuda() -> bool:
@@ -311,12 +318,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     methods = TABLE4_METHODS if args.methods is None else tuple(m.strip() for m in _split_methods(args.methods))
     batches = tuple(args.batch)
-    spec = BenchSpec(args.model, methods, batches, args.train_batch, args.repeats, args.image_size, args.device)
-    lines = [f"# pe-bench bench: {args.model}, {args.repeats} repeats", header(), ""]
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    spec = BenchSpec(
+        args.model, methods, batches, args.train_batch, args.repeats, args.image_size, args.device, args.threads
+    )
+    threads = args.threads or _torch_threads()
+    lines = [f"# pe-bench bench: {args.model}, {args.repeats} repeats, torch threads: {threads}", header(), ""]
     forward = forward_table(spec)
     lines += [
-        "## Median ms (inference per image; one training step), each relative to nopos in the same run;"
-        f" peak inference memory at batch {batches[0]}",
+        "## Median ms with its IQR (inference per image; one training step), each relative to nopos in the"
+        f" same run; GFLOPs per image; peak inference memory at batch {batches[0]}",
         forward.to_markdown(),
         "",
     ]
