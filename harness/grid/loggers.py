@@ -9,11 +9,12 @@ run is named ``task/method/seedN`` and grouped by grid (the results folder's nam
 * wandb: offline unless ``WANDB_MODE`` says otherwise (``WANDB_MODE=online`` streams to the
   server; an offline run is uploaded later with ``wandb sync <cell>/wandb/offline-run-*``).
   Group: the grid; project: ``WANDB_PROJECT`` or ``pe-bench``.
-* mlflow: ``MLFLOW_TRACKING_URI`` if set, else a local file store of the whole grid in
-  ``<out>/mlruns`` (one experiment per grid, one run per cell: ``mlflow ui
-  --backend-store-uri <out>/mlruns``). It lives beside the cells rather than in each one, so
-  the runs of a grid can be compared and the store's absolute paths survive a cell being
-  moved from its staging folder into place.
+* mlflow: ``MLFLOW_TRACKING_URI`` if set, else a local store of the whole grid:
+  ``<out>/mlflow.db`` (SQLite; MLflow 3 refuses its old folder store) with artifacts in
+  ``<out>/mlartifacts``; one experiment per grid, one run per cell
+  (``mlflow ui --backend-store-uri sqlite:///<out>/mlflow.db``). It lives beside the cells
+  rather than in each one, so the runs of a grid can be compared side by side, and its
+  absolute paths survive a cell being moved from its staging folder into place.
 """
 
 from __future__ import annotations
@@ -65,12 +66,14 @@ def make_loggers(names: list[str], workdir: Path, run_name: str, grid: Path | No
     if "mlflow" in names:
         from lightning.pytorch.loggers import MLFlowLogger
 
-        store = Path(grid if grid is not None else workdir).resolve() / "mlruns"
+        home = Path(grid if grid is not None else workdir).resolve()
+        home.mkdir(parents=True, exist_ok=True)
         loggers.append(
             MLFlowLogger(
                 experiment_name=group or "pe-bench",
                 run_name=run_name,
-                tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or store.as_uri(),
+                tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home / 'mlflow.db'}",
+                artifact_location=(home / "mlartifacts").as_uri(),
             )
         )
     return loggers

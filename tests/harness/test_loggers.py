@@ -75,3 +75,22 @@ def test_a_missing_tracker_fails_before_training_and_names_the_extra(tmp_path, m
 def test_unknown_tracker_is_a_config_error(tmp_path, capsys):
     assert run(tmp_path, "nopos", "neptune") == 2
     assert "trainer.logger.0" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mlflow") is None or importlib.util.find_spec("sqlalchemy") is None,
+    reason="needs the tracking extra (mlflow)",
+)
+def test_mlflow_runs_in_a_local_store_of_the_grid(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    out = tmp_path / "my-grid"
+    assert run(out, "nopos", "mlflow") == 0
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("my-grid")
+    (only,) = client.search_runs([experiment.experiment_id])
+    assert only.info.run_name == "imagenet/nopos/seed0" and only.info.status == "FINISHED"
+    assert len(client.get_metric_history(only.info.run_id, "val/acc")) == 2
+    record = store.read_record(store.cell_dir(out, "imagenet", "nopos", 0))
+    assert only.data.metrics["test/acc"] == pytest.approx(record.score / 100)
