@@ -27,15 +27,16 @@ from typing import Any
 from ..config import ConfigError
 
 EXTRA = "tracking"
-#: tracker -> the package it needs
-PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+#: tracker -> the modules it needs (MLflow's SQLite store needs SQLAlchemy, which mlflow-skinny lacks)
+PACKAGES = {"tensorboard": ("tensorboard",), "wandb": ("wandb",), "mlflow": ("mlflow", "sqlalchemy")}
 
 
 def require_trackers(names: list[str]) -> None:
     """Fail before any training when a tracker's package is missing, naming the fix."""
-    missing = [name for name in names if name in PACKAGES and importlib.util.find_spec(PACKAGES[name]) is None]
+    absent = {name: [m for m in PACKAGES.get(name, ()) if importlib.util.find_spec(m) is None] for name in names}
+    missing = [name for name, modules in absent.items() if modules]
     if missing:
-        packages = " ".join(PACKAGES[name] for name in missing)
+        packages = " ".join(m for name in missing for m in absent[name])
         raise ConfigError(
             f"trainer.logger: {', '.join(missing)} needs the '{EXTRA}' extra: "
             f"pip install 'pe-bench[{EXTRA}]' (or pip install {packages})"

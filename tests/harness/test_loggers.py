@@ -65,10 +65,11 @@ def test_wandb_runs_offline_one_per_cell_named_and_grouped(tmp_path, monkeypatch
 
 
 def test_a_missing_tracker_fails_before_training_and_names_the_extra(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(loggers.PACKAGES, "mlflow", "pe_bench_no_such_package")
+    monkeypatch.setitem(loggers.PACKAGES, "mlflow", ("pe_bench_no_such_package",))
     assert run(tmp_path, "nopos", "csv,mlflow") == 2
     err = capsys.readouterr().err
     assert "mlflow needs the 'tracking' extra: pip install 'pe-bench[tracking]'" in err
+    assert "(or pip install pe_bench_no_such_package)" in err
     assert not (tmp_path / "runs").exists()
 
 
