@@ -1,10 +1,10 @@
 """``pe-bench``: the command line.
 
 pe-bench run --tasks all --methods pape,rope,cape [--profile tiny|paper] [--seeds 0,1,2]
-             [--out DIR] [--data-root DIR] [--set optim.epochs=5 ...]
+             [--out DIR] [--data-root DIR] [--set [TASK:]optim.epochs=5 ...] [-c FILE] [--dry-run]
 pe-bench table [--out DIR]
 pe-bench list tasks|methods
-pe-bench bench [--model tiny|vit-s|vit-b] [--methods ...] [--sweep 256,1024,4096]
+pe-bench bench [--model tiny|vit-s|vit-b] [--methods ...] [--threads N] [--sweep 256,1024,4096]
 pe-bench principles [--methods ...]
 pe-bench check NAME
 """
