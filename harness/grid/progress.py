@@ -64,6 +64,8 @@ class EpochLog(Callback):
         row["lr"] = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
         row["seconds"] = round(time.perf_counter() - self._epoch_start, 3)
         self.rows.append(row)
+        if not trainer.is_global_zero:  # under DDP one process writes and prints
+            return
         self.write()
         if self.say is not None:
             self.say(self.epoch_line(row, trainer.max_epochs))
