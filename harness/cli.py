@@ -1,10 +1,11 @@
 """``pe-bench``: the command line.
 
 pe-bench run --tasks all --methods pape,rope,cape [--profile tiny|paper] [--seeds 0,1,2]
-             [--out DIR] [--data-root DIR] [--set optim.epochs=5 ...]
+             [--out DIR] [--data-root DIR] [--set [TASK:]optim.epochs=5 ...] [-c FILE] [--dry-run]
+             [--jobs N|auto] [--executor local|ray|slurm]
 pe-bench table [--out DIR] [--ci 95] [--no-significance] [--paper pape:table1]
 pe-bench list tasks|methods
-pe-bench bench [--model tiny|vit-s|vit-b] [--methods ...] [--sweep 256,1024,4096]
+pe-bench bench [--model tiny|vit-s|vit-b] [--methods ...] [--threads N] [--sweep 256,1024,4096]
 pe-bench principles [--methods ...]
 pe-bench check NAME
 """
@@ -34,24 +35,76 @@ def _confidence(text: str) -> float:
     return level / 100
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pe-bench")
+    except PackageNotFoundError:  # running from a checkout that is not installed
+        from pe_bench import __version__
+
+        return __version__
+
+
 def _ints(text: str) -> list[int]:
     return [int(s) for s in text.split(",") if s.strip()]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pe-bench", description=__doc__.split("\n\n")[0].strip())
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="train and evaluate a grid of tasks x methods x seeds")
     run.add_argument("--tasks", help="comma-separated tasks or a group (all, pape-table1, ...)")
     run.add_argument("--methods", help="comma-separated encodings, NAME[key=value,...] or all")
     run.add_argument("--study", help="a ready-made grid instead of --tasks/--methods: pape-ablation, pape-m, univit")
-    run.add_argument("--profile", default="tiny", help="tiny (default, no download) or paper (real datasets)")
-    run.add_argument("--seeds", type=_seeds, default=[0])
+    run.add_argument(
+        "--profile",
+        default="tiny",
+        help="tiny (default): small generated or packaged stand-in data, no download, minutes on a CPU; "
+        "paper: the papers' models and hyperparameters on the real datasets under --data-root. "
+        "`pe-bench list tasks` shows each task's profiles",
+    )
+    run.add_argument(
+        "--seeds",
+        type=_seeds,
+        default=[0],
+        metavar="S[,S...]",
+        help="comma-separated seeds, e.g. 0,1,2 (default: 0); one cell per seed, tables show mean ± std",
+    )
     run.add_argument("--out", type=Path, default=None, help="results folder (default: results, results/studies/NAME)")
     run.add_argument("--data-root", type=Path, default=None, help="folder holding the real datasets")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="[TASK:]KEY=VALUE",
+        help="override a config key for every task (optim.lr=1e-3) or for one task (imagenet:optim.lr=1e-3); "
+        "repeatable",
+    )
+    run.add_argument(
+        "-c",
+        "--config",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="YAML file of overrides per task, 'all' for every task, e.g. "
+        "{all: {optim: {epochs: 5}}, imagenet: {optim: {lr: 1.0e-3}}}; repeatable. "
+        "A task's own overrides beat 'all'; --set beats the files",
+    )
+    run.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bars (default: on a terminal); without them a line per epoch is printed",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what each cell would do (train, reuse, retry, n/a, conflict) and train nothing",
+    )
     run.add_argument(
         "--jobs", type=_jobs, default=1, metavar="N|auto",
         help="cells at once on this machine, each in its own process (auto: one per CPU core; default 1)",
@@ -91,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--methods", default=None, help="default: PaPE Table 4's encodings, PaPE for m 2..64")
     bench.add_argument("--batch", type=_ints, default=[1, 32], help="inference batch sizes (time per image)")
     bench.add_argument("--train-batch", type=int, default=32, help="training-step batch; 0 leaves it out")
-    bench.add_argument("--repeats", type=int, default=10)
+    bench.add_argument("--repeats", type=int, default=10, help="timed samples per figure (median and IQR)")
+    bench.add_argument("--threads", type=int, default=None, help="torch CPU threads while timing (default: torch's)")
     bench.add_argument("--image-size", type=int, default=None)
     bench.add_argument("--device", default="cuda" if _cuda() else "cpu")
     bench.add_argument("--sweep", type=_ints, default=None, help="token counts for the attention-layer sweep")
@@ -123,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _cuda() -> bool:
     import torch
 
@@ -130,15 +190,17 @@ def _cuda() -> bool:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from pe_bench.harness.grid.loggers import require_trackers
     from pe_bench.harness.grid.methods import parse_methods
     from pe_bench.harness.grid.runner import GridRequest, run_grid
     from pe_bench.harness.grid.store import STATUS_DIVERGED, STATUS_FAILED
     from pe_bench.harness.reports.tables import write_tables
     from pe_bench.tasks import get_task, resolve_tasks
 
-    from .config import deep_merge, load_run_config, load_study, parse_overrides
+    from .config import ALL_TASKS, deep_merge, load_run_config, load_study, override_scope, task_overrides
 
-    overrides = parse_overrides(args.set)
+    scoped = task_overrides(args.set, args.config)
+    overrides = scoped.pop(ALL_TASKS, {})
     if args.study:
         study = load_study(args.study)
         args.tasks = args.tasks or ",".join(study.tasks)
@@ -163,11 +225,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not tasks:
         print("error: no implemented task selected", file=sys.stderr)
         return 2
-    for name in tasks:  # fail fast: configs valid and data present before any training
-        task = get_task(name)(load_run_config(name, args.profile, overrides), args.data_root)
-        task.check_data()
+    _check_override_scopes(scoped, {override_scope(pair) for pair in args.set}, tasks)
     progress = sys.stdout.isatty() if args.progress is None else args.progress
-    request = GridRequest(tasks, methods, args.profile, args.seeds, args.out, args.data_root, overrides, progress)
+    request = GridRequest(
+        tasks, methods, args.profile, args.seeds, args.out, args.data_root, overrides, progress,
+        task_overrides={task: tree for task, tree in scoped.items() if task in tasks},
+    )  # fmt: skip
+    for name in tasks:  # fail fast: configs valid, trackers installed, data present before any training
+        config = load_run_config(name, args.profile, request.overrides_for(name))
+        require_trackers(config.trainer.logger)
+        get_task(name)(config, args.data_root).check_data()
+    if args.dry_run:
+        from pe_bench.harness.grid.plan import CONFLICT, format_plan, plan_grid
+
+        planned = plan_grid(request)
+        print(format_plan(request, planned))
+        return 2 if any(cell.action == CONFLICT for cell in planned) else 0
     request.executor = _executor(args)
     records = run_grid(request)
     print()
@@ -208,6 +281,20 @@ def torch_cuda_devices() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _check_override_scopes(scoped: dict, from_command_line: set[str], tasks: list[str]) -> None:
+    """Every scope names a task; one typed on the command line also names a task of this grid
+    (a file may hold overrides for tasks of other grids)."""
+    from pe_bench.tasks import get_task
+
+    for scope in scoped:
+        try:
+            get_task(scope)
+        except KeyError as err:  # names the known tasks and a close match
+            raise ValueError(f"overrides for {scope!r} (use a task name or 'all'): {err.args[0]}") from None
+        if scope in from_command_line and scope not in tasks:
+            raise ValueError(f"--set {scope}:...: {scope} is not a task of this grid ({', '.join(tasks)})")
 
 
 def cmd_table(args: argparse.Namespace) -> int:
@@ -310,12 +397,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     methods = TABLE4_METHODS if args.methods is None else tuple(m.strip() for m in _split_methods(args.methods))
     batches = tuple(args.batch)
-    spec = BenchSpec(args.model, methods, batches, args.train_batch, args.repeats, args.image_size, args.device)
-    lines = [f"# pe-bench bench: {args.model}, {args.repeats} repeats", header(), ""]
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    spec = BenchSpec(
+        args.model, methods, batches, args.train_batch, args.repeats, args.image_size, args.device, args.threads
+    )
+    threads = args.threads or _torch_threads()
+    lines = [f"# pe-bench bench: {args.model}, {args.repeats} repeats, torch threads: {threads}", header(), ""]
     forward = forward_table(spec)
     lines += [
-        "## Median ms (inference per image; one training step), each relative to nopos in the same run;"
-        f" peak inference memory at batch {batches[0]}",
+        "## Median ms with its IQR (inference per image; one training step), each relative to nopos in the"
+        f" same run; GFLOPs per image; peak inference memory at batch {batches[0]}",
         forward.to_markdown(),
         "",
     ]
@@ -365,12 +457,11 @@ def cmd_extrapolate(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    import numpy as np
     import pandas as pd
     import torch
 
     from pe_bench.harness.grid.store import cell_dir
-    from pe_bench.harness.reports.analysis import pape_head_scores, plot_heatmap
+    from pe_bench.harness.reports.analysis import head_name, pape_head_scores, plot_heatmap
     from pe_bench.harness.reports.extrapolate import load_cell
 
     directory = cell_dir(args.out, args.task, args.method, args.seed)
@@ -391,8 +482,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     frame.columns = [f"H{h + 1}" for h in range(scores.shape[1])]
     frame.to_csv(target / "zscores.csv")
     plot_heatmap(scores, target / "heatmap", f"{args.task} · {args.method}: z per head (τ = {args.tau})")
-    print(frame.round(4).to_markdown())
-    print(f"most positional head: {np.unravel_index(scores.argmax(), scores.shape)}, written to {target}/")
+    print(frame.to_markdown(floatfmt=".3f"))
+    print(f"most positional head: {head_name(scores, 'max')}, most semantic: {head_name(scores, 'min')}")
+    print(f"(written to {target}/)")
     return 0
 
 

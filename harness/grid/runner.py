@@ -29,11 +29,13 @@ from pe_bench.adapters import EncodingFactory
 from pe_bench.adapters.base import positional_parameters
 from pe_bench.tasks import Task, get_task
 
-from ..config import RunConfig, load_run_config
+from ..config import RunConfig, deep_merge, load_run_config
 from ..module import DivergedError
 from ..reports.tables import write_extra_tables
 from . import store
+from .loggers import close_loggers, make_loggers
 from .methods import MethodSpec
+from .progress import EpochLog, best_epoch, print_flushed
 
 
 @dataclass
@@ -44,7 +46,7 @@ class GridRequest:
     seeds: list[int] = field(default_factory=lambda: [0])
     out: Path = Path("results")
     data_root: Path | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)  # for every task
     progress: bool = False  # Lightning's progress bar (only on a terminal)
     # Cells locked by another process: a lock of another host is stale after this long without
     # its owner's heartbeat (CellLock); the grid checks every poll_seconds whether they are done.
@@ -53,6 +55,11 @@ class GridRequest:
     # Who trains the pending cells (harness/grid/executor.py): None = this process, one after
     # the other; otherwise e.g. ParallelExecutor(jobs=4) or RayExecutor(address).
     executor: Any = None
+    task_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> its own, over ``overrides``
+
+    def overrides_for(self, task: str) -> dict[str, Any]:
+        """The grid-wide overrides with the task's own on top."""
+        return deep_merge(self.overrides, self.task_overrides.get(task, {}))
 
 
 def quiet_lightning() -> None:
@@ -76,10 +83,14 @@ def resolve_precision(config: RunConfig) -> str:
     return "bf16-mixed" if on_gpu else "32-true"
 
 
-def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workdir: Path, progress: bool) -> dict:
+def _train_and_test(
+    task: Task, make_encoding: EncodingFactory, seed: int, workdir: Path, progress: bool, run_name: str = "",
+    grid: Path | None = None,
+) -> dict:  # fmt: skip
+    """Fit with validation every epoch, test the best-validation checkpoint. ``run_name``
+    (``task/method/seedN``) and ``grid`` (the results folder) name the run for trackers."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
 
     config = task.config
     L.seed_everything(seed, workers=True, verbose=False)
@@ -96,6 +107,9 @@ def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workd
         save_weights_only=True,
         enable_version_counter=False,
     )
+    # metrics.csv, one row per epoch; without progress bars also a printed line per epoch.
+    epochs = EpochLog(workdir, monitor, task.metric_label, task.score_scale, say=None if progress else print_flushed)
+    loggers = make_loggers(config.trainer.logger, workdir, run_name, grid)
     trainer = L.Trainer(
         max_epochs=config.optim.epochs,
         accelerator=config.trainer.accelerator,
@@ -105,19 +119,22 @@ def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workd
         precision=resolve_precision(config),
         gradient_clip_val=config.optim.grad_clip,
         max_time=config.trainer.max_time,
-        callbacks=[checkpoint],
-        logger=CSVLogger(workdir, name="", version=""),
+        callbacks=[checkpoint, epochs],
+        logger=loggers or False,
         default_root_dir=workdir,
         enable_progress_bar=progress,
         enable_model_summary=False,
         log_every_n_steps=10,
     )
-    start = time.perf_counter()
-    trainer.fit(module, datamodule=data)
-    train_seconds = time.perf_counter() - start
-    if not checkpoint.best_model_path:
-        raise RuntimeError(f"no checkpoint was saved: {monitor} was never logged")
-    tested = trainer.test(module, datamodule=data, ckpt_path=checkpoint.best_model_path, verbose=False)
+    try:
+        start = time.perf_counter()
+        trainer.fit(module, datamodule=data)
+        train_seconds = time.perf_counter() - start
+        if not checkpoint.best_model_path:
+            raise RuntimeError(f"no checkpoint was saved: {monitor} was never logged")
+        tested = trainer.test(module, datamodule=data, ckpt_path=checkpoint.best_model_path, verbose=False)
+    finally:
+        close_loggers(loggers)
     best_val = checkpoint.best_model_score
     # Optional hook: a task's module may report more than its one metric (e.g. WER per
     # duration bin); it lands in the cell record's ``extra``.
@@ -126,6 +143,7 @@ def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workd
         "extra_results": dict(extra_results()) if callable(extra_results) else {},
         "test": float(tested[0][f"test/{task.metric}"]),
         "best_val": None if best_val is None else float(best_val),
+        "best_epoch": best_epoch(checkpoint.best_model_path),
         "train_seconds": train_seconds,
         "parameters": sum(p.numel() for p in model.parameters()),
         "positional_parameters": sum(p.numel() for _, p in positional_parameters(model)),
@@ -168,7 +186,7 @@ def run_cell(
     cell (a lock broken as stale meanwhile means another process owns the cell now).
     A KeyboardInterrupt leaves nothing of the attempt behind and propagates."""
     final = store.cell_dir(request.out, task_name, method.label, seed)
-    config = load_run_config(task_name, request.profile, request.overrides)
+    config = load_run_config(task_name, request.profile, request.overrides_for(task_name))
     task = get_task(task_name)(config, request.data_root)
     base = {
         "task": task_name,
@@ -188,7 +206,7 @@ def run_cell(
         return record
     staging = store.staging_dir(final)
     try:
-        record = _train_into(staging, task, config, method, make_encoding, seed, base, request.progress)
+        record = _train_into(staging, task, config, method, make_encoding, seed, base, request)
         if lock is not None and lock.lost:
             raise store.CellBusyError(f"the lock of {final} was broken while this process trained it; result discarded")
     except BaseException:  # Ctrl-C or a lost lock: nothing of this attempt is kept
@@ -200,14 +218,15 @@ def run_cell(
 
 def _train_into(
     staging: Path, task: Task, config: RunConfig, method: MethodSpec, make_encoding: EncodingFactory, seed: int,
-    base: dict[str, Any], progress: bool,
+    base: dict[str, Any], request: GridRequest,
 ) -> store.CellRecord:  # fmt: skip
     """Train in ``staging`` and write the cell's files and record there; a failure or
     divergence becomes the record (the grid goes on)."""
     try:
         task.check_data()
         with torch_threads(config.trainer.threads), lightning_interrupts_kept():
-            result = _train_and_test(task, make_encoding, seed, staging, progress)
+            run_name = f"{base['task']}/{method.label}/seed{seed}"  # the trackers' run name
+            result = _train_and_test(task, make_encoding, seed, staging, request.progress, run_name, request.out)
             environment = store.environment()  # as the cell ran (threads included)
     except Exception as err:  # the grid must go on: record why this cell has no result
         status = store.STATUS_DIVERGED if isinstance(err, DivergedError) else store.STATUS_FAILED
@@ -228,6 +247,7 @@ def _train_into(
         status=store.STATUS_OK,
         score=result["test"] * scale,
         best_val=None if best_val is None else best_val * scale,
+        best_epoch=result["best_epoch"],
         train_seconds=result["train_seconds"],
         extra={k: result[k] for k in ("parameters", "positional_parameters")} | result["extra_results"],
         **base,
@@ -241,27 +261,37 @@ def resolved_config(config: RunConfig, method: MethodSpec, options: dict) -> dic
     return config.model_dump(mode="json") | {"method": method.label, "encoding": method.name, "options": options}
 
 
-# Not compared: ``trainer`` (workers, devices, time caps do not change what a cell measures)
-# and ``methods`` (every method's options; the cell's own are under ``options``).
-_UNCOMPARED = ("trainer", "methods")
+# Settings a finished cell may differ in and still be reused: only those that cannot change
+# what it measures. Everything else counts, the ``trainer`` section included: precision and
+# accelerator change the arithmetic, devices/num_nodes/strategy the global batch and its
+# reduction, threads the order of CPU reductions, max_time where training stops, and
+# num_workers the random augmentations (each data-loader worker draws from its own seeded
+# stream, so 0 and 4 workers crop and flip differently).
+_UNCOMPARED = frozenset(
+    {
+        "methods",  # every method's options; the cell's own are compared under ``options``
+        "trainer.logger",  # experiment trackers only watch the run
+    }
+)
 # Typed sections: a key missing from an older cell's file is a field added to the code since,
 # at its default. ``data`` and ``options`` are free-form: a missing key there is a real change.
-_TYPED = ("model", "optim")
+_TYPED = ("model", "optim", "trainer")
 
 
 def config_differences(stored: dict[str, Any], requested: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between a stored cell config and a requested one."""
     differences = []
     for key in sorted(set(stored) | set(requested)):
-        if not prefix and key in _UNCOMPARED:
+        dotted = f"{prefix}{key}"
+        if dotted in _UNCOMPARED:
             continue
         if key not in stored and prefix.split(".")[0] in _TYPED:
             continue
         old, new = stored.get(key), requested.get(key)
         if isinstance(old, dict) and isinstance(new, dict):
-            differences += config_differences(old, new, f"{prefix}{key}.")
+            differences += config_differences(old, new, f"{dotted}.")
         elif old != new:
-            differences.append(f"{prefix}{key}: {old!r} stored, {new!r} requested")
+            differences.append(f"{dotted}: {old!r} stored, {new!r} requested")
     return differences
 
 
@@ -271,7 +301,7 @@ def check_consistency(request: GridRequest) -> None:
     A cell whose config.yaml is missing or damaged is not finished (store.read_cell): it is
     trained again rather than trusted unchecked."""
     for task_name in request.tasks:
-        config = load_run_config(task_name, request.profile, request.overrides)
+        config = load_run_config(task_name, request.profile, request.overrides_for(task_name))
         for method in request.methods:
             options = method.merged_options(config.methods.get(method.name))
             requested = resolved_config(config, method, options)

@@ -164,12 +164,20 @@ def evaluate_grid(
     for cell in cells:
         task, model, encoding = load_cell(cell.directory, data_root)
         train = (task.data.image_size, task.data.image_size)
-        data = task.datamodule(seed=0)
+        data = task.datamodule(seed=cell.seed)
+        data.setup("test")
         interpolable = get_encoding(encoding).supports_position_interpolation
         for size in resolutions:
-            if size not in test_sets:
-                test_sets[size] = data.test_set_at(*size)
-            loader = data.loader(test_sets[size])
+            if size == train:
+                # The cell's own test split, built as in training: the 1x column is the score the
+                # cell recorded (without test-time augmentation, as ``test_acc_without_tta``).
+                # A test set made at another resolution may differ (tiny data is regenerated).
+                test_set = data.splits["test"]
+            else:
+                if size not in test_sets:
+                    test_sets[size] = data.test_set_at(*size)
+                test_set = test_sets[size]
+            loader = data.loader(test_set)
             for interpolate in (False, True):
                 value = None
                 if not interpolate or interpolable:

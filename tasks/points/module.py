@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics import Metric
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
 
 from pe_bench.harness.config import OptimConfig
 from pe_bench.harness.module import TaskModule
@@ -49,26 +47,11 @@ class PointSegmenter(nn.Module):
         return self.head(self.backbone(_points(batch)))
 
 
-class MeanIoU(Metric):
-    """mIoU from an accumulated confusion matrix, over the classes present in prediction or
-    target (ScanNet's convention: a class absent from the evaluated scenes does not count)."""
-
-    def __init__(self, num_classes: int, ignore_index: int = IGNORE_INDEX) -> None:
-        super().__init__()
-        self.num_classes, self.ignore_index = num_classes, ignore_index
-        self.add_state("confusion", torch.zeros(num_classes, num_classes, dtype=torch.long), dist_reduce_fx="sum")
-
-    def update(self, preds: Tensor, target: Tensor) -> None:
-        keep = target != self.ignore_index
-        idx = target[keep] * self.num_classes + preds[keep]
-        self.confusion += torch.bincount(idx, minlength=self.num_classes**2).view(self.num_classes, -1)
-
-    def compute(self) -> Tensor:
-        cm = self.confusion.double()
-        inter = cm.diag()
-        union = cm.sum(0) + cm.sum(1) - inter
-        present = union > 0
-        return (inter[present] / union[present]).mean().float() if present.any() else torch.tensor(0.0)
+def mean_iou(num_classes: int) -> MulticlassJaccardIndex:
+    """mIoU over the classes present in prediction or target, ScanNet's convention (a class
+    absent from the evaluated scenes does not count): torchmetrics' macro average gives such
+    classes weight 0, and drops points labelled ``IGNORE_INDEX``."""
+    return MulticlassJaccardIndex(num_classes, average="macro", ignore_index=IGNORE_INDEX)
 
 
 class PointClassificationModule(TaskModule):
@@ -108,7 +91,7 @@ class PointSegmentationModule(TaskModule):
 
     def __init__(self, model: nn.Module, num_classes: int, optim: OptimConfig) -> None:
         super().__init__(model, optim)
-        self.val_miou, self.test_miou = MeanIoU(num_classes), MeanIoU(num_classes)
+        self.val_miou, self.test_miou = mean_iou(num_classes), mean_iou(num_classes)
 
     def training_loss(self, batch: dict) -> Tensor:
         logits = self.model(batch)

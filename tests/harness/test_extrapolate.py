@@ -70,6 +70,11 @@ def test_extrapolate_command_end_to_end(tmp_path, capsys):
     assert frame[(frame.method == "abspos") & frame.interpolation]["accuracy"].isna().all()
     rope = frame[(frame.method == "rope") & (frame.resolution == "24²")].set_index("interpolation")["accuracy"]
     assert rope[True] == rope[False]  # at the training resolution the scale is 1: nothing changes
+    # the 1x column is the cell's own test set: the score the grid recorded for it
+    for method in ("rope", "abspos"):
+        record = store.read_record(store.cell_dir(tmp_path, "imagenet", method, 0))
+        at_1x = frame[(frame.method == method) & (frame.resolution == "24²") & ~frame.interpolation]["accuracy"]
+        assert at_1x.item() == pytest.approx(record.score, abs=1e-9)
     assert "48×24" in (target / "table5.md").read_text()  # non-square evaluation works
     assert "nopos" not in set(frame.method)
     for name in ("table5.md", "table6.md", "table7.md"):
