@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -57,17 +59,23 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def ray_cluster(tmp_path):
+def ray_cluster():
     """A real Ray cluster on the loopback interface: a head with two CPUs (two worker slots)."""
     pytest.importorskip("ray")
+    # Ray's unix sockets live under its temp dir, whose path must stay short (< 108 bytes).
+    temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
     port = free_port()
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    # A throw-away cluster of the test only: no usage report, no token authentication.
+    os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+    env = dict(os.environ)
     ray_bin = str(Path(sys.executable).with_name("ray"))
     start = [ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
-             "--include-dashboard=false", f"--temp-dir={tmp_path / 'ray'}"]  # fmt: skip
-    subprocess.run(start, check=True, capture_output=True, env=env, timeout=180)
+             "--include-dashboard=false", f"--temp-dir={temp}"]  # fmt: skip
+    started = subprocess.run(start, capture_output=True, text=True, env=env, timeout=180)
+    assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
     yield f"127.0.0.1:{port}"
     subprocess.run([ray_bin, "stop", "--force"], capture_output=True, env=env, timeout=120)
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 def kill_first_cell_owner(out: Path, killed: list[int], stop: threading.Event) -> None:
@@ -78,8 +86,7 @@ def kill_first_cell_owner(out: Path, killed: list[int], stop: threading.Event) -
                 owner = json.loads(lock.read_text())
             except (OSError, ValueError):
                 continue
-            time.sleep(1.0)  # let it get into training
-            os.kill(owner["pid"], signal.SIGKILL)
+            os.kill(owner["pid"], signal.SIGKILL)  # the lock is taken right before training starts
             killed.append(owner["pid"])
             return
         time.sleep(0.2)
@@ -91,7 +98,8 @@ def test_ray_executor_on_a_local_cluster_retries_a_killed_worker(tmp_path, ray_c
     stop = threading.Event()
     watcher = threading.Thread(target=kill_first_cell_owner, args=(out, killed, stop), daemon=True)
     watcher.start()
-    command = cli_command(*run_args(out, "nopos,rope"), "--executor", "ray", "--address", ray_cluster)
+    longer = ["--set", "optim.epochs=3", "--set", "data.train_size=256"]  # cells outlive the watcher's poll
+    command = cli_command(*run_args(out, "nopos,rope"), *longer, "--executor", "ray", "--address", ray_cluster)
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     stop.set()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
