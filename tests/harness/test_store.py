@@ -58,7 +58,9 @@ def test_damaged_records_are_reported_with_their_path_and_left_out(tmp_path, cap
 
 
 def test_table_is_rendered_despite_damaged_records(tmp_path, capsys):
-    store.write_record(store.cell_dir(tmp_path, "imagenet", "rope", 0), ok_record("rope", 61.5))
+    good = store.cell_dir(tmp_path, "imagenet", "rope", 0)
+    store.write_record(good, ok_record("rope", 61.5))
+    (good / "config.yaml").write_text(yaml.safe_dump({"task": "imagenet", "model": {"dim": 32}}))  # as every cell has
     broken = store.cell_dir(tmp_path, "imagenet", "nopos", 0)
     broken.mkdir(parents=True)
     (broken / "result.json").write_text('{"task": "imagenet", "meth')
