@@ -58,7 +58,7 @@ def test_shipped_profiles_pass_the_new_bounds(name, profile):
         ("pape[m=-1]", "pape[m=-1]: option m=-1: Input should be greater than or equal to 1"),
         ("pape[m=0]", "pape[m=0]: option m=0: Input should be greater than or equal to 1"),
         ("pape[m=abc]", "pape[m=abc]: option m='abc': Input should be a valid integer"),
-        ("cape[max_scale=0.5]", "cape[max_scale=0.5]: option max_scale=0.5: Input should be greater than or equal to 1"),
+        ("cape[max_scale=0.5]", "cape[max_scale=0.5]: option max_scale=0.5: Input should be greater than or equal"),
         ("string-circulant[block_size=2]", "string-circulant[block_size=2]: option block_size=2"),
     ],
 )
