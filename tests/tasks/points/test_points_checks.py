@@ -16,7 +16,7 @@ from pe_bench.tasks._shared.data_checks import CorruptFileError, MalformedDatase
 
 def modelnet(data_root, num_classes=2):
     overrides = {**SMALL_BACKBONE, "model": SMALL_BACKBONE["model"] | {"depth": 2}, "trainer": {"num_workers": 0}}
-    overrides["data"] = SMALL_BACKBONE["data"] | {"num_classes": num_classes, "val_fraction": 0.5, "num_points": 50}
+    overrides["data"] = {"num_classes": num_classes, "val_fraction": 0.5, "num_points": 50}
     return get_task("modelnet40")(load_run_config("modelnet40", "paper", overrides), data_root)
 
 
