@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--tasks", required=True, help="comma-separated tasks or a group")
     data.add_argument("--data-root", type=Path, default=None, help="folder holding the real datasets")
     data.add_argument("--profile", default="paper", help="paper (default: the real datasets)")
-    data.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    data.add_argument("--set", action="append", default=[], metavar="[TASK:]KEY=VALUE", help="override a config key")
     data.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes opening files")
     return parser
 
@@ -529,10 +529,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_check_data(args: argparse.Namespace) -> int:
     from pe_bench.tasks import get_task, resolve_tasks
 
-    from .config import load_run_config, parse_overrides
+    from .config import ALL_TASKS, deep_merge, load_run_config, task_overrides
 
-    overrides, names, failed = parse_overrides(args.set), resolve_tasks(args.tasks), []
+    scoped, names, failed = task_overrides(args.set), resolve_tasks(args.tasks), []
     for name in names:
+        overrides = deep_merge(scoped.get(ALL_TASKS, {}), scoped.get(name, {}))
         task = get_task(name)(load_run_config(name, args.profile, overrides), args.data_root)
         start = time.perf_counter()
         try:
