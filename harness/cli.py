@@ -27,9 +27,8 @@ def _seeds(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--seeds expects integers like 0,1,2, got {text!r}") from None
     # Seeds name cell folders and seed RNGs that reject negative values (numpy, fold = seed % 3).
     negative = [s for s in seeds if s < 0]
-    if negative or not seeds:
-        what = f"negative seeds {negative}" if negative else "no seed"
-        raise argparse.ArgumentTypeError(f"--seeds expects non-negative integers like 0,1,2, got {what} in {text!r}")
+    if negative:
+        raise argparse.ArgumentTypeError(f"--seeds expects non-negative integers like 0,1,2, got {text!r}")
     return seeds
 
 
