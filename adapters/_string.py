@@ -27,6 +27,7 @@ CLS.
 
 from __future__ import annotations
 
+from pydantic import Field
 from torch import Tensor
 
 from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle, key_centred_layouts
@@ -35,7 +36,7 @@ from .rope_mixed import mixed_angles
 
 class STRINGOptions(EncodingOptions):
     # Frequency ladder base^(-l/levels) of the RoPE that STRING starts from; 100 as rope.py.
-    base: float = 100.0
+    base: float = Field(100.0, gt=0.0)
 
 
 class STRINGLayer(LayerEncoding):

@@ -17,6 +17,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor, nn
 
 from .base import EncodingOptions, PositionEncoding, PositionLayout, Principle
@@ -26,7 +27,7 @@ _MODES = {1: "linear", 2: "bicubic", 3: "trilinear"}
 
 
 class AbsPosOptions(EncodingOptions):
-    init_std: float = 0.02
+    init_std: float = Field(0.02, ge=0.0)
 
 
 @register("abspos")

@@ -24,6 +24,7 @@ import math
 from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from .base import EncodingOptions, PositionEncoding, PositionLayout, Principle, sinusoid_features
@@ -32,12 +33,12 @@ from .transforms import cape_augment, grid_to_unit, mean_normalize
 
 
 class CAPEOptions(EncodingOptions):
-    max_global_shift: float = 0.5  # Δmax (CAPE Section 5.1: 0.5 for images)
-    max_local_shift: float | None = None  # εmax; None: 1/N per grid axis (paper), 0 off-grid
-    max_scale: float = 1.4  # λmax
+    max_global_shift: float = Field(0.5, ge=0.0)  # Δmax (CAPE Section 5.1: 0.5 for images)
+    max_local_shift: float | None = Field(None, ge=0.0)  # εmax; None: 1/N per grid axis (paper), 0 off-grid
+    max_scale: float = Field(1.4, ge=1.0)  # λmax
     coordinates: Literal["unit-grid", "raw"] = "unit-grid"  # images: grid -> [-1, 1]
-    base: float = 10000.0  # 1-D frequency ladder
-    freq_scale: float = 1.0  # 1-D: ω_k multiplier (30 for speech in seconds)
+    base: float = Field(10000.0, gt=0.0)  # 1-D frequency ladder
+    freq_scale: float = Field(1.0, gt=0.0)  # 1-D: ω_k multiplier (30 for speech in seconds)
 
 
 def spiral_directions(count: int, pos_dim: int) -> Tensor:

@@ -58,7 +58,7 @@ class CoPEOptions(EncodingOptions):
     npos_max: int | None = Field(None, ge=2)
     #: also add a learnable absolute embedding (SaPE² Table 1's "CoPE + APE").
     abspos: bool = False
-    init_std: float = 0.02
+    init_std: float = Field(0.02, ge=0.0)
 
 
 def lexicographic_less(a: Tensor, b: Tensor) -> Tensor:

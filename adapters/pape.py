@@ -38,6 +38,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor, nn
 
 from .base import (
@@ -52,14 +53,14 @@ from .registry import register
 
 
 class PaPEOptions(EncodingOptions):
-    m: int = 50
+    m: int = Field(50, ge=1)
     form: Literal["efficient", "explicit"] = "efficient"
     quadratic: bool = True
     linear: bool = True
     context: bool = True
     softplus: bool = True
     project: bool = True
-    pad_to: int = 8
+    pad_to: int = Field(8, ge=1)
 
 
 def pad_heads(q_ext: Tensor, k_ext: Tensor, multiple: int) -> tuple[Tensor, Tensor]:

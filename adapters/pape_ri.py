@@ -54,6 +54,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor, nn
 
 from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle, key_centred_coords
@@ -63,7 +64,7 @@ from .registry import register
 
 class PaPERIOptions(EncodingOptions):
     form: Literal["efficient", "explicit"] = "efficient"
-    pad_to: int = 8
+    pad_to: int = Field(8, ge=1)
     #: official: frozen w_p ~ U(±1/sqrt(P)) (the authors' code); geometric: learnable 2^(-4h/H).
     wp_init: Literal["official", "geometric"] = "official"
 

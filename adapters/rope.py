@@ -20,6 +20,7 @@ every token with the CLS at (0, 0) and patches at (1..W, 1..H).
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from .base import (
@@ -37,7 +38,7 @@ from .registry import register
 
 class RoPEOptions(EncodingOptions):
     # 100 is rope-vit's choice for axial 2D RoPE on patch-unit positions; 10000 is the 1D LM default.
-    base: float = 100.0
+    base: float = Field(100.0, gt=0.0)
 
 
 def rotate_pairs(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -31,6 +31,7 @@ as rope.py's axial layout; channels beyond 2 * levels * P are not rotated.
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
 from .base import (
@@ -47,7 +48,7 @@ from .rope import rotate_pairs, rotation_angles
 
 
 class RoPEMixedOptions(EncodingOptions):
-    base: float = 10.0  # rope-vit's theta for RoPE-Mixed (axial RoPE uses 100)
+    base: float = Field(10.0, gt=0.0)  # rope-vit's theta for RoPE-Mixed (axial RoPE uses 100)
 
 
 def random_rotation(pos_dim: int) -> Tensor:

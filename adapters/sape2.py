@@ -71,7 +71,7 @@ class SaPE2Options(EncodingOptions):
     abspos: bool = False
     #: number of integer positions with an embedding per axis; None: max(grid) + 1.
     npos_max: int | None = Field(None, ge=2)
-    init_std: float = 0.02
+    init_std: float = Field(0.02, ge=0.0)
 
 
 def cell_indices(layout: PositionLayout) -> tuple[Tensor, tuple[int, int]]:

@@ -10,6 +10,7 @@ encodes the CLS at position (0, 0), i.e. adds sin(0) = 0 and cos(0) = 1 features
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from .base import EncodingOptions, PositionEncoding, PositionLayout, Principle, geometric_frequencies
@@ -17,7 +18,7 @@ from .registry import register
 
 
 class SinCosOptions(EncodingOptions):
-    base: float = 10000.0  # temperature of the frequency ladder
+    base: float = Field(10000.0, gt=0.0)  # temperature of the frequency ladder
 
 
 @register("sincos")

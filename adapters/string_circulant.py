@@ -28,6 +28,7 @@ CLS: as in _string.py, the identity at the centroid of the valid keys.
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
 from ._string import STRINGEncoding, STRINGLayer, STRINGOptions
@@ -36,7 +37,7 @@ from .registry import register
 
 
 class CirculantSTRINGOptions(STRINGOptions):
-    block_size: int = 16  # Appendix E: 16 was best on ImageNet; capped at head_dim
+    block_size: int = Field(16, ge=3)  # Appendix E: 16 was best on ImageNet; capped at head_dim
 
 
 def phases(free: Tensor, block: int) -> Tensor:

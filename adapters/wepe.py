@@ -70,7 +70,7 @@ class WePEOptions(EncodingOptions):
     pole_value: float = 1e4
     mode: Literal["direct", "lut"] = "direct"
     lut_size: int = Field(256, ge=2)
-    init_std: float = 0.02
+    init_std: float = Field(0.02, ge=0.0)
 
 
 def inverse_softplus(value: float) -> float:

@@ -8,20 +8,28 @@ pe-bench list tasks|methods
 pe-bench bench [--model tiny|vit-s|vit-b] [--methods ...] [--threads N] [--sweep 256,1024,4096]
 pe-bench principles [--methods ...]
 pe-bench check NAME
+pe-bench check-data --tasks T --data-root DIR [--profile paper] [--workers N]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from pathlib import Path
 
 
 def _seeds(text: str) -> list[int]:
     try:
-        return [int(s) for s in text.split(",") if s.strip()]
+        seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--seeds expects integers like 0,1,2, got {text!r}") from None
+    # Seeds name cell folders and seed RNGs that reject negative values (numpy, fold = seed % 3).
+    negative = [s for s in seeds if s < 0]
+    if negative:
+        raise argparse.ArgumentTypeError(f"--seeds expects non-negative integers like 0,1,2, got {text!r}")
+    return seeds
 
 
 def _confidence(text: str) -> float:
@@ -174,6 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="run the conformance suite on one encoding")
     check.add_argument("name")
+
+    data = sub.add_parser("check-data", help="scan whole datasets: every file decodes, shapes and class lists agree")
+    data.add_argument("--tasks", required=True, help="comma-separated tasks or a group")
+    data.add_argument("--data-root", type=Path, default=None, help="folder holding the real datasets")
+    data.add_argument("--profile", default="paper", help="paper (default: the real datasets)")
+    data.add_argument("--set", action="append", default=[], metavar="[TASK:]KEY=VALUE", help="override a config key")
+    data.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes opening files")
     return parser
 
 
@@ -510,6 +525,30 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def cmd_check_data(args: argparse.Namespace) -> int:
+    from pe_bench.tasks import get_task, resolve_tasks
+
+    from .config import ALL_TASKS, deep_merge, load_run_config, task_overrides
+
+    scoped, names, failed = task_overrides(args.set), resolve_tasks(args.tasks), []
+    for name in names:
+        overrides = deep_merge(scoped.get(ALL_TASKS, {}), scoped.get(name, {}))
+        task = get_task(name)(load_run_config(name, args.profile, overrides), args.data_root)
+        start = time.perf_counter()
+        try:
+            report = task.check_data(full=True, workers=max(1, args.workers))
+        except (FileNotFoundError, ValueError) as err:  # a missing dataset, lists that disagree
+            print(f"{name}: FAILED\n  " + str(err).replace("\n", "\n  "))
+            failed.append(name)
+            continue
+        print(f"{report.format()}\n  ({time.perf_counter() - start:.1f}s)")
+        if not report.ok:
+            failed.append(name)
+    problems = f"; problems: {', '.join(failed)}" if failed else ""
+    print(f"\n{len(names) - len(failed)} of {len(names)} datasets ok{problems}")
+    return 1 if failed else 0
+
+
 COMMANDS = {
     "run": cmd_run,
     "table": cmd_table,
@@ -521,6 +560,7 @@ COMMANDS = {
     "analyze": cmd_analyze,
     "principles": cmd_principles,
     "check": cmd_check,
+    "check-data": cmd_check_data,
 }
 
 

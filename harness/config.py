@@ -9,10 +9,19 @@ from __future__ import annotations
 import importlib
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 class Strict(BaseModel):
@@ -24,15 +33,22 @@ class ModelConfig(Strict):
     subclasses it as its ``Task.ModelConfig``; that task's ``model`` section is validated with
     the subclass (see :func:`register_model_config`)."""
 
-    dim: int
-    depth: int
-    num_heads: int
-    mlp_ratio: float = 4.0
-    patch_size: int = 16
-    drop_path: float = 0.0
-    dropout: float = 0.0
+    dim: int = Field(ge=1)
+    depth: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    mlp_ratio: float = Field(4.0, gt=0.0)
+    patch_size: int = Field(16, ge=1)
+    drop_path: float = Field(0.0, ge=0.0, lt=1.0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
     # PaPE Appendix E: zero head weights and bias -log(C) give uniform initial predictions.
     head_init: Literal["zero", "default"] = "zero"
+
+    @model_validator(mode="after")
+    def _heads_split_the_width(self) -> ModelConfig:
+        # Attention splits dim into num_heads equal heads; otherwise every cell fails in reshape.
+        if self.dim % self.num_heads:
+            raise ValueError(f"model.dim={self.dim} is not divisible by model.num_heads={self.num_heads}")
+        return self
 
 
 _TASK_MODEL_CONFIGS: dict[str, type[ModelConfig]] = {}
@@ -58,17 +74,25 @@ def model_config_for(task: str) -> type[ModelConfig]:
 
 class OptimConfig(Strict):
     optimizer: Literal["adamw", "adam"] = "adamw"
-    lr: float
-    weight_decay: float = 0.05
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_epochs: float = 0.0
-    epochs: int
-    batch_size: int
-    label_smoothing: float = 0.0
-    grad_clip: float | None = None
+    lr: float = Field(gt=0.0)
+    weight_decay: float = Field(0.05, ge=0.0)
+    betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = (0.9, 0.999)
+    warmup_epochs: float = Field(0.0, ge=0.0)
+    epochs: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
+    grad_clip: float | None = Field(None, gt=0.0)
     # Learning rate of every position-encoding parameter relative to ``lr`` (see
     # harness/module.py parameter_groups); 1 = the papers' setting.
-    positional_lr_scale: float = 1.0
+    positional_lr_scale: float = Field(1.0, ge=0.0)
+
+
+# What ``lightning.Trainer(precision=...)`` accepts (its full names and short aliases), plus
+# "auto". Checked here so that a typo stops the grid instead of failing inside every cell.
+Precision = Literal[
+    "auto", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true",
+    "transformer-engine", "transformer-engine-float16", "64", "32", "16", "bf16",
+]  # fmt: skip
 
 
 class TrainerConfig(Strict):
@@ -77,10 +101,10 @@ class TrainerConfig(Strict):
     accelerator: str = "auto"
     devices: int | str | list[int] = "auto"
     strategy: str = "auto"
-    num_nodes: int = 1
+    num_nodes: int = Field(1, ge=1)
     # "auto": bf16-mixed on CUDA, 32-true on CPU (PaPE trains in 16-bit mixed precision).
-    precision: str = "auto"
-    num_workers: int = 0
+    precision: Precision = "auto"
+    num_workers: int = Field(0, ge=0)
     max_time: str | None = None  # "DD:HH:MM:SS" wall-clock cap per cell
     # CPU threads for torch (None: torch's default, or OMP_NUM_THREADS). On a busy machine 1
     # thread per process avoids oversubscription, which made steps 8-14x slower here.
@@ -89,6 +113,11 @@ class TrainerConfig(Strict):
     # written: "csv" alone is the default and adds nothing. tensorboard, wandb and mlflow need
     # the ``tracking`` extra (pip install 'pe-bench[tracking]').
     logger: list[Literal["csv", "tensorboard", "wandb", "mlflow"]] = ["csv"]
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _integer_precision(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) else value  # YAML reads 32 as an int
 
 
 class RunConfig(Strict):
@@ -118,10 +147,18 @@ class ConfigError(ValueError):
 
 
 def format_validation_error(where: str, err: ValidationError) -> str:
+    """One line per problem, ``WHERE: KEY: what is wrong`` (never pydantic's raw text and URL).
+    A validator's own message that already names its keys is printed as it is."""
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
-        lines.append(f"{where}: {key}: {e['msg']}")
+        message = str(e["ctx"]["error"]) if e["type"] == "value_error" else e["msg"]
+        if e["type"] not in ("value_error", "missing", "extra_forbidden") and not isinstance(e["input"], dict):
+            message += f", got {e['input']!r}"
+        if message.split("=", 1)[0].startswith(key) and "=" in message:
+            lines.append(f"{where}: {message}")
+        else:
+            lines.append(f"{where}: {key}: {message}")
     return "\n".join(lines)
 
 

@@ -32,6 +32,8 @@ from pe_bench.harness.config import (
 from pe_bench.harness.data import PatchDataModule
 from pe_bench.registry import Registry, UnknownNameError
 
+from ._shared.data_checks import DataReport
+
 
 class Task(ABC):
     name: ClassVar[str] = ""
@@ -93,8 +95,16 @@ class Task(ABC):
         column pair is rendered as "mean ± std" under ``X``). Speech: WER per duration bin."""
         return {}
 
-    def check_data(self) -> None:  # noqa: B027  (optional hook: tasks with real data override it)
-        """Fail fast, before any training, when the dataset is missing or malformed."""
+    def check_data(self, full: bool = False, workers: int = 1) -> DataReport:
+        """Fail fast, before any training, when the dataset is missing or malformed.
+
+        The quick check (``full=False``, run before every grid and cell) looks at the layout,
+        the lists and the class names, never at every sample. ``full=True`` (``pe-bench
+        check-data``) also opens every file in ``workers`` processes and returns every broken
+        one in the report instead of stopping at the first. Tasks with real data override it;
+        a layout or class-list problem raises in both modes.
+        """
+        return DataReport(self.name, notes=["no dataset on disk for this profile (generated data)"])
 
 
 class PatchTask(Task):

@@ -6,11 +6,13 @@ ablation is just another method: ``--methods pape,pape[linear=false],pape[m=2]``
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ValidationError
 
 from pe_bench.adapters import EncodingFactory, available, get
 
@@ -44,8 +46,29 @@ def parse_method(spec: str) -> MethodSpec:
         if not sep:
             raise ValueError(f"bad option {pair!r} in method spec {spec!r}; expected key=value")
         options[key.strip()] = yaml.safe_load(raw)
-    cls.Options(**options)  # validate now: a bad key fails before any training, naming the key
+    try:  # validate now: a bad key or value fails before any training, naming it
+        cls.Options(**options)
+    except ValidationError as err:
+        raise ValueError(option_errors(spec.strip(), name, cls.Options, err)) from None
     return MethodSpec(label=spec.strip(), name=name, options=tuple(sorted(options.items())))
+
+
+def option_errors(spec: str, name: str, options: type[BaseModel], err: ValidationError) -> str:
+    """``pape[mm=3]: unknown option 'mm'; options of pape: m, form, ... (did you mean 'm'?)``,
+    one line per problem, instead of pydantic's raw text."""
+    valid = list(options.model_fields)
+    listing = f"options of {name}: {', '.join(valid) or '(none)'}"
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            lines.append(f"{spec}: unknown option {key!r}; {listing}{hint}")
+        else:
+            message = str(e["ctx"]["error"]) if e["type"] == "value_error" else e["msg"]
+            lines.append(f"{spec}: option {key}={e['input']!r}: {message}")
+    return "\n".join(lines)
 
 
 def parse_methods(spec: str) -> list[MethodSpec]:

@@ -137,10 +137,14 @@ def _train_and_test(
         close_loggers(loggers)
     best_val = checkpoint.best_model_score
     # Optional hook: a task's module may report more than its one metric (e.g. WER per
-    # duration bin); it lands in the cell record's ``extra``.
-    extra_results = getattr(module, "extra_results", None)
+    # duration bin), its data module what the data did (e.g. corrupt samples skipped); both
+    # land in the cell record's ``extra``.
+    extra = {}
+    for part in (module, data):
+        extra_results = getattr(part, "extra_results", None)
+        extra |= dict(extra_results()) if callable(extra_results) else {}
     return {
-        "extra_results": dict(extra_results()) if callable(extra_results) else {},
+        "extra_results": extra,
         "test": float(tested[0][f"test/{task.metric}"]),
         "best_val": None if best_val is None else float(best_val),
         "best_epoch": best_epoch(checkpoint.best_model_path),

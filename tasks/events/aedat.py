@@ -26,6 +26,8 @@ import numpy as np
 
 from pe_bench.harness.data import DatasetMissingError
 
+from .._shared.data_checks import CorruptFileError, MalformedDatasetError, check_class_lists
+
 RELEASE_DIR = "DvsGesture"
 HEADER_END = b"#!END-HEADER\r\n"
 POLARITY_EVENT = 1
@@ -38,10 +40,10 @@ def read_aedat31(path: Path) -> Events:
     """All valid polarity events of an AEDAT 3.1 file: x, y (uint16), t (int64 us), p (bool)."""
     data = Path(path).read_bytes()
     if not data.startswith(b"#!AER-DAT3.1"):
-        raise ValueError(f"{path}: not an AEDAT 3.1 file (first line {data[:20]!r})")
+        raise CorruptFileError(path, f"not an AEDAT 3.1 file (first line {data[:20]!r})")
     body = data.find(HEADER_END)
     if body < 0:
-        raise ValueError(f"{path}: AEDAT header has no end marker {HEADER_END!r}")
+        raise CorruptFileError(path, f"AEDAT header has no end marker {HEADER_END!r}")
     index = body + len(HEADER_END)
     words, stamps = [], []
     while index + _PACKET.size <= len(data):
@@ -49,7 +51,7 @@ def read_aedat31(path: Path) -> Events:
         index += _PACKET.size
         end = index + size * capacity
         if end > len(data):
-            raise ValueError(f"{path}: truncated packet at byte {index - _PACKET.size}")
+            raise CorruptFileError(path, f"truncated packet at byte {index - _PACKET.size}")
         if kind == POLARITY_EVENT and size == 8:
             packet = np.frombuffer(data, dtype="<u4", count=2 * capacity, offset=index).reshape(capacity, 2)
             words.append(packet[:, 0])
@@ -105,8 +107,12 @@ def dvsgesture_root(root: Path) -> Path:
     return release
 
 
-def dvsgesture_samples(release: Path, split: str) -> list[tuple[Path, int, int, int, int]]:
-    """[(recording, 0-based class, start us, end us, user)] of one official split."""
+def dvsgesture_samples(
+    release: Path, split: str, num_classes: int | None = None
+) -> list[tuple[Path, int, int, int, int]]:
+    """[(recording, 0-based class, start us, end us, user)] of one official split; a label CSV
+    line that is not "class,start,end" with 1 <= class <= ``num_classes`` and start < end is an
+    error naming the file and line."""
     samples = []
     for name in (release / f"trials_to_{split}.txt").read_text().split():
         recording = release / name
@@ -115,12 +121,50 @@ def dvsgesture_samples(release: Path, split: str) -> list[tuple[Path, int, int, 
             raise DatasetMissingError(
                 f"DvsGesture: {recording} or {labels} is missing (listed in trials_to_{split}.txt)"
             )
-        user = int(recording.stem.split("_")[0].removeprefix("user"))
-        for line in labels.read_text().split("\n")[1:]:
+        try:
+            user = int(recording.stem.split("_")[0].removeprefix("user"))
+        except ValueError:
+            what = f"DvsGesture: {name} in trials_to_{split}.txt"
+            raise MalformedDatasetError(f"{what} is not named userNN_<lighting>.aedat") from None
+        for number, line in enumerate(labels.read_text().splitlines()[1:], 2):
             if line.strip():
-                label, start, end = (int(v) for v in line.split(",")[:3])
+                label, start, end = _label_line(labels, number, line, num_classes)
                 samples.append((recording, label - 1, start, end, user))
     return samples
+
+
+def _label_line(path: Path, number: int, line: str, num_classes: int | None) -> tuple[int, int, int]:
+    try:
+        label, start, end = (int(v) for v in line.split(",")[:3])
+    except ValueError:
+        expected = "expected 'class,startTime_usec,endTime_usec'"
+        raise MalformedDatasetError(f"{path}:{number}: {expected}, got {line!r}") from None
+    if num_classes is not None and not 1 <= label <= num_classes:
+        raise MalformedDatasetError(f"{path}:{number}: class {label} outside 1..{num_classes} (data.num_classes)")
+    if end <= start:
+        raise MalformedDatasetError(f"{path}:{number}: the gesture ends ({end}) before it starts ({start})")
+    return label, start, end
+
+
+def check_dvsgesture_classes(release: Path, num_classes: int) -> dict[str, list[tuple[Path, int, int, int, int]]]:
+    """Both official splits, each with gestures of every class 1..``num_classes``."""
+    splits = {split: dvsgesture_samples(release, split, num_classes) for split in ("train", "test")}
+    lists = {f"data.num_classes={num_classes}": [str(c) for c in range(1, num_classes + 1)]}
+    for split, samples in splits.items():
+        lists[f"the label CSVs of {release / f'trials_to_{split}.txt'}"] = [str(s[1] + 1) for s in samples]
+    check_class_lists("DvsGesture", lists)
+    return splits
+
+
+def check_recording(item: tuple[Path, list[tuple[int, int]], int, int]) -> None:
+    """Full scan: the recording decodes, its events lie on the sensor, every gesture has events."""
+    path, windows, width, height = item
+    x, y, t, _ = read_aedat31(path)
+    if len(x) and (x.max() >= width or y.max() >= height):
+        raise CorruptFileError(path, f"events up to x={x.max()}, y={y.max()} on a {width} x {height} sensor")
+    for start, end in windows:
+        if np.searchsorted(t, end, side="right") == np.searchsorted(t, start, side="left"):
+            raise CorruptFileError(path, f"no events in the labelled gesture {start}..{end} us")
 
 
 def cut(events: Events, start: int, end: int) -> Events:

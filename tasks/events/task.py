@@ -20,8 +20,9 @@ from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
 from pe_bench.harness.data import PatchDataModule
 
+from .._shared.data_checks import DataReport, scan_files
 from ..base import PatchTask
-from .aedat import cut, dvsgesture_root, dvsgesture_samples, read_aedat31
+from .aedat import check_dvsgesture_classes, check_recording, cut, dvsgesture_root, dvsgesture_samples, read_aedat31
 from .augment import EventAugmentation
 from .emulator import motion_event_streams
 from .tokenizer import EventTokens, SpikingPatches
@@ -141,11 +142,11 @@ class EventDataModule(PatchDataModule):
                 )
             return
         release = dvsgesture_root(Path(self.data_root or ".") / d.dataset_dir)
-        train = dvsgesture_samples(release, "train")
+        train = dvsgesture_samples(release, "train", d.num_classes)
         parts = {
             "train": [s for s in train if s[4] not in d.val_users],
             "val": [s for s in train if s[4] in d.val_users],
-            "test": dvsgesture_samples(release, "test"),
+            "test": dvsgesture_samples(release, "test", d.num_classes),
         }
         for name, samples in parts.items():
 
@@ -198,11 +199,22 @@ class DvsGesture(PatchTask):
         shape = (2, d.buckets, patch, patch)
         return EventViT(make_encoding, self.geometry(), self.config.model, shape, d.time_scale, d.num_classes)
 
-    def check_data(self) -> None:
-        if self.data.source == "dvsgesture":
-            release = dvsgesture_root(Path(self.data_root or ".") / self.data.dataset_dir)
-            dvsgesture_samples(release, "train")
-            dvsgesture_samples(release, "test")
+    def check_data(self, full: bool = False, workers: int = 1) -> DataReport:
+        d, report = self.data, DataReport(self.name)
+        if d.source != "dvsgesture":
+            report.notes.append("emulated data: nothing on disk to check")
+            return report
+        release = dvsgesture_root(Path(self.data_root or ".") / d.dataset_dir)
+        splits = check_dvsgesture_classes(release, d.num_classes)
+        sizes = ", ".join(f"{len(samples)} {split}" for split, samples in splits.items())
+        report.notes.append(f"{d.num_classes} classes in both splits; gestures: {sizes}")
+        if full:
+            windows: dict[Path, list[tuple[int, int]]] = {}
+            for path, _, start, end, _ in (s for samples in splits.values() for s in samples):
+                windows.setdefault(path, []).append((start, end))
+            items = [(path, spans, d.width, d.height) for path, spans in windows.items()]
+            report.checked, report.broken = len(items), scan_files(items, check_recording, workers)
+        return report
 
     @classmethod
     def benchmark(cls, device: str = "cpu") -> str:

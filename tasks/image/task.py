@@ -12,16 +12,19 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
-from torch.utils.data import Dataset, Subset, TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from pe_bench.adapters import EncodingFactory, Geometry
-from pe_bench.harness.config import RunConfig, Strict
-from pe_bench.harness.data import DatasetMissingError, PatchDataModule, stratified_split
+from pe_bench.harness.config import ConfigError, RunConfig, Strict
+from pe_bench.harness.data import PatchDataModule, stratified_split
 from pe_bench.harness.module import ClassificationModule
 from pe_bench.tasks._shared.vit import ViT, image_geometry
 
+from .._shared.data_checks import CorruptSampleLog, DataReport, first_readable, scan_files
 from ..base import PatchTask
+from . import readers
 from .resolution import ComposeBatch, RandomBatchResolution, ResizeTTA, check_sides
 from .synthetic import relation_images
 
@@ -32,29 +35,32 @@ CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 class ImageDataConfig(Strict):
     source: Literal["synthetic", "imagefolder", "cifar10", "cifar100"]
-    image_size: int
-    num_classes: int
-    channels: int = 3
+    image_size: int = Field(ge=1)
+    num_classes: int = Field(ge=2)
+    channels: int = Field(3, ge=1)
     dataset_dir: str = ""  # under --data-root
-    val_fraction: float = 0.01  # stratified hold-out of the training split (PaPE App. E: 1%)
+    val_fraction: float = Field(0.01, ge=0.0, lt=1.0)  # stratified hold-out of train (PaPE App. E: 1%)
+    # imagefolder: 0 makes a corrupt image an error naming it; f > 0 skips corrupt images (up
+    # to that fraction of the files) and records their count (see tasks/_shared/data_checks.py).
+    max_corrupt_fraction: float = Field(0.0, ge=0.0, lt=1.0)
     # synthetic only
-    train_size: int = 0
-    val_size: int = 0
-    test_size: int = 0
-    distractors: int = 2
-    noise: float = 0.15
+    train_size: int = Field(0, ge=0)
+    val_size: int = Field(0, ge=0)
+    test_size: int = Field(0, ge=0)
+    distractors: int = Field(2, ge=0)
+    noise: float = Field(0.15, ge=0.0)
     # augmentation (paper profiles)
     randaugment: bool = False
     hflip: bool = False
     random_resized_crop: bool = False
-    mixup_alpha: float = 0.0
-    cutmix_alpha: float = 0.0
+    mixup_alpha: float = Field(0.0, ge=0.0)
+    cutmix_alpha: float = Field(0.0, ge=0.0)
     # UniViT (CAPE §5.1.2): every training batch resized to a side drawn from this list
     # (the paper: [128, 160, ..., 320]); empty trains at image_size only.
     train_sides: list[int] = []
     # Resize test-time augmentation (CAPE §5.1.3): mean logits at image_size -/+ this many
     # pixels and at image_size itself (the paper: 32); 0 is off.
-    tta_delta: int = 0
+    tta_delta: int = Field(0, ge=0)
 
 
 @lru_cache(maxsize=8)
@@ -100,49 +106,42 @@ def _transforms(
 
 
 class _Transformed(Dataset):
-    """A subset of a dataset with its own transform (train and val share files)."""
+    """A subset of a dataset with its own transform (train and val share files). With a
+    ``corrupt`` log, a sample that does not decode is replaced by the next readable one of
+    the subset, as ``data.max_corrupt_fraction`` allows."""
 
-    def __init__(self, base: Dataset, indices: np.ndarray | None, transform: Any) -> None:
-        self.base = base if indices is None else Subset(base, indices.tolist())
-        self.transform = transform
+    def __init__(
+        self, base: Dataset, indices: np.ndarray | None, transform: Any, corrupt: CorruptSampleLog | None = None
+    ) -> None:
+        self.base, self.transform, self.corrupt = base, transform, corrupt
+        self.indices = np.arange(len(base)) if indices is None else np.asarray(indices)
 
     def __len__(self) -> int:
-        return len(self.base)
+        return len(self.indices)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        image, label = self.base[i]
+        if self.corrupt is None:
+            image, label = self.base[int(self.indices[i])]
+        else:
+            image, label = first_readable(
+                lambda j: self.base[int(self.indices[j])], i, len(self), self.corrupt, lambda j: int(self.indices[j])
+            )
         return self.transform(image), label
 
 
-def imagefolder_root(data_root: Path | None, data: ImageDataConfig) -> Path:
-    root = Path(data_root or ".") / data.dataset_dir
-    problems = [f"{root / split} is missing" for split in ("train", "val") if not (root / split).is_dir()]
-    if not problems:
-        empty = [s for s in ("train", "val") if not any(p.is_dir() for p in (root / s).iterdir())]
-        problems = [f"{root / s} has no class folders" for s in empty]
-    if problems:
-        raise DatasetMissingError(
-            f"ImageNet-1K not found: {'; '.join(problems)}.\n"
-            f"Expected layout under --data-root ({data_root}):\n"
-            f"  {data.dataset_dir}/train/<wnid>/*.JPEG   (the 1000 class folders of ILSVRC2012 train)\n"
-            f"  {data.dataset_dir}/val/<wnid>/*.JPEG     (the official validation set sorted into the same\n"
-            f"                                   class folders, e.g. with the usual valprep.sh)\n"
-            "Source: https://image-net.org/download (ILSVRC2012). pe-bench never downloads it."
-        )
-    return root
+def imagefolder(data_root: Path | None, data: ImageDataConfig, split: str) -> tuple[Any, CorruptSampleLog]:
+    """One split of the class-folder dataset (class lists checked) and its corrupt-sample log."""
+    from torchvision.datasets import ImageFolder
+
+    root = readers.imagefolder_root(data_root, data.dataset_dir)
+    readers.imagefolder_classes(root, data.num_classes)
+    folder = ImageFolder(str(root / split), loader=readers.read_image)
+    return folder, CorruptSampleLog(len(folder), data.max_corrupt_fraction, f"ImageFolder {root / split}")
 
 
-def cifar_root(data_root: Path | None, data: ImageDataConfig) -> Path:
-    folder = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}[data.source]
-    root = Path(data_root or ".") / data.dataset_dir
-    if not (root / folder).is_dir():
-        url = {"cifar10": "cifar-10-python.tar.gz", "cifar100": "cifar-100-python.tar.gz"}[data.source]
-        raise DatasetMissingError(
-            f"{data.source.upper()} not found: {root / folder} is missing.\n"
-            f"Expected layout under --data-root ({data_root}): {data.dataset_dir}/{folder}/ "
-            f"(the extracted python version).\nSource: https://www.cs.toronto.edu/~kriz/{url}"
-        )
-    return root
+def cifar(data_root: Path | None, data: ImageDataConfig) -> tuple[readers.CifarImages, readers.CifarImages]:
+    folder = readers.cifar_folder(data_root, data.dataset_dir, data.source)
+    return readers.cifar_release(folder, data.source, data.num_classes)
 
 
 class ImageDataModule(PatchDataModule):
@@ -158,27 +157,28 @@ class ImageDataModule(PatchDataModule):
                 data.num_classes, data.image_size, self.patch, data.channels, sizes, data.distractors, data.noise
             )
         elif data.source == "imagefolder":
-            from torchvision.datasets import ImageFolder
-
-            root = imagefolder_root(self.data_root, data)
-            full = ImageFolder(str(root / "train"))
+            full, full_log = imagefolder(self.data_root, data, "train")
+            held_out, held_out_log = imagefolder(self.data_root, data, "val")
+            self.corrupt_logs = [full_log, held_out_log]
             train_idx, val_idx = stratified_split(np.asarray(full.targets), data.val_fraction)
             train_tf, eval_tf = (_transforms(data, t, IMAGENET_MEAN, IMAGENET_STD) for t in (True, False))
-            train = _Transformed(full, train_idx, train_tf)
-            val = _Transformed(full, val_idx, eval_tf)
-            test = _Transformed(ImageFolder(str(root / "val")), None, eval_tf)
+            tolerant = data.max_corrupt_fraction > 0
+            train = _Transformed(full, train_idx, train_tf, full_log if tolerant else None)
+            val = _Transformed(full, val_idx, eval_tf, full_log if tolerant else None)
+            test = _Transformed(held_out, None, eval_tf, held_out_log if tolerant else None)
         else:
-            from torchvision.datasets import CIFAR10, CIFAR100
-
-            cls = CIFAR10 if data.source == "cifar10" else CIFAR100
-            root = str(cifar_root(self.data_root, data))
-            full = cls(root, train=True, download=False)
-            mean, std = CIFAR_MEAN, CIFAR_STD
-            train_idx, val_idx = stratified_split(np.asarray(full.targets), data.val_fraction)
+            (full, held_out), mean, std = cifar(self.data_root, data), CIFAR_MEAN, CIFAR_STD
+            train_idx, val_idx = stratified_split(full.targets, data.val_fraction)
             train = _Transformed(full, train_idx, _transforms(data, True, mean, std))
             val = _Transformed(full, val_idx, _transforms(data, False, mean, std))
-            test = _Transformed(cls(root, train=False, download=False), None, _transforms(data, False, mean, std))
+            test = _Transformed(held_out, None, _transforms(data, False, mean, std))
         self.splits = {"train": train, "val": val, "test": test}
+
+    def extra_results(self) -> dict[str, float]:
+        """``corrupt_samples``: images skipped under ``data.max_corrupt_fraction`` > 0 (for the record)."""
+        if self.data.source != "imagefolder" or self.data.max_corrupt_fraction == 0:
+            return {}
+        return {"corrupt_samples": sum(log.count() for log in getattr(self, "corrupt_logs", []))}
 
     def test_set_at(self, height: int, width: int) -> Dataset:
         """The test split at another resolution, for extrapolation (PaPE Appendix B). Synthetic
@@ -192,16 +192,11 @@ class ImageDataModule(PatchDataModule):
             )  # fmt: skip
             return TensorDataset(x, y)
         if data.source == "imagefolder":
-            from torchvision.datasets import ImageFolder
-
-            root = imagefolder_root(self.data_root, data)
+            held_out, log = imagefolder(self.data_root, data, "val")
             transform = _transforms(data, False, IMAGENET_MEAN, IMAGENET_STD, (height, width))
-            return _Transformed(ImageFolder(str(root / "val")), None, transform)
-        from torchvision.datasets import CIFAR10, CIFAR100
-
-        cls = CIFAR10 if data.source == "cifar10" else CIFAR100
+            return _Transformed(held_out, None, transform, log if data.max_corrupt_fraction > 0 else None)
         transform = _transforms(data, False, CIFAR_MEAN, CIFAR_STD, (height, width))
-        return _Transformed(cls(str(cifar_root(self.data_root, data)), train=False, download=False), None, transform)
+        return _Transformed(cifar(self.data_root, data)[1], None, transform)
 
 
 class ImageClassification(PatchTask):
@@ -218,6 +213,13 @@ class ImageClassification(PatchTask):
     def __init__(self, config: RunConfig, data_root: Path | None = None) -> None:
         super().__init__(config, data_root)
         patch, where = config.model.patch_size, f"{config.task}/{config.profile}"
+        size = self.data.image_size
+        if size % patch:  # the patch embedding would drop pixels (and positions would not match)
+            fits = [s for s in (size // patch * patch, (size // patch + 1) * patch) if s > 0]
+            raise ConfigError(
+                f"{where}: data.image_size={size} is not divisible by model.patch_size={patch}; "
+                f"use e.g. {' or '.join(map(str, fits))}"
+            )
         check_sides(self.data.train_sides, patch, f"{where}: data.train_sides")
         if self.data.tta_delta:
             sides = ResizeTTA(self.data.tta_delta).sides(self.data.image_size)
@@ -242,11 +244,30 @@ class ImageClassification(PatchTask):
             choices.append(v2.CutMix(alpha=self.data.cutmix_alpha, num_classes=self.data.num_classes))
         return v2.RandomChoice(choices) if choices else None
 
-    def check_data(self) -> None:
-        if self.data.source == "imagefolder":
-            imagefolder_root(self.data_root, self.data)
-        elif self.data.source in ("cifar10", "cifar100"):
-            cifar_root(self.data_root, self.data)
+    def check_data(self, full: bool = False, workers: int = 1) -> DataReport:
+        data, report = self.data, DataReport(self.name)
+        if data.source == "imagefolder":
+            root = readers.imagefolder_root(self.data_root, data.dataset_dir)
+            classes = readers.imagefolder_classes(root, data.num_classes)
+            report.notes.append(f"{len(classes)} classes, the same in {root / 'train'} and {root / 'val'}")
+            if full:
+                files = readers.imagefolder_files(root, classes)
+                report.checked = len(files)
+                report.broken = scan_files(files, readers.check_image_file, workers)
+        elif data.source in ("cifar10", "cifar100"):
+            folder = readers.cifar_folder(self.data_root, data.dataset_dir, data.source)
+            names = readers.cifar_class_names(folder, data.source, data.num_classes)
+            report.notes.append(f"{len(names)} classes in {folder}")
+            if full:
+                _, train, test, *_ = readers.CIFAR_RELEASE[data.source]
+                files = [(folder / name, data.source, data.num_classes) for name in (*train, *test)]
+                report.checked = len(files)
+                report.broken = scan_files(files, readers.check_cifar_file, workers)
+                if not report.broken:  # every class has images in both splits
+                    readers.cifar_release(folder, data.source, data.num_classes)
+        else:
+            report.notes.append("generated data: nothing on disk to check")
+        return report
 
 
 _STANDIN = "generated relation images (direction from an anchor patch to a target patch, {n} sectors)"

@@ -23,6 +23,8 @@ import numpy as np
 
 from pe_bench.harness.data import DatasetMissingError
 
+from .._shared.data_checks import CorruptFileError, check_class_lists, some_names
+
 MODELNET_LAYOUT = (
     "Expected the modelnet40_normal_resampled layout:\n"
     "  {root}/modelnet40_shape_names.txt, modelnet40_train.txt, modelnet40_test.txt\n"
@@ -63,12 +65,47 @@ def modelnet_index(root: Path, split: str) -> tuple[list[str], list[tuple[Path, 
     return names, items
 
 
-def read_modelnet_shape(path: Path, num_points: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``num_points`` points of a shape file, as Pointcept's ModelNetDataset reads them."""
+def modelnet_splits(root: Path, num_classes: int) -> dict[str, list[tuple[Path, int]]]:
+    """(file, label) of "train" and "test", after checking that both splits hold every class of
+    the shape-names file, that it names ``num_classes``, and that every listed file exists."""
+    (names, train), (_, test) = (modelnet_index(root, split) for split in ("train", "test"))
+    check_class_lists(
+        "ModelNet40",
+        {
+            str(root / "modelnet40_shape_names.txt"): names,
+            str(root / "modelnet40_train.txt"): [names[label] for label in {y for _, y in train}],
+            str(root / "modelnet40_test.txt"): [names[label] for label in {y for _, y in test}],
+        },
+        num_classes,
+    )
+    missing = [path for path, _ in (*train, *test) if not path.is_file()]
+    if missing:
+        raise DatasetMissingError(
+            f"ModelNet40: {len(missing)} listed shape files are missing: {some_names(missing)}.\n"
+            + MODELNET_LAYOUT.format(root=root)
+        )
+    return {"train": train, "test": test}
+
+
+def read_modelnet_shape(path: Path, num_points: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``num_points`` points (None: all) of a shape file, as Pointcept's
+    ModelNetDataset reads them; a malformed file is an error naming it."""
     if not path.is_file():
         raise DatasetMissingError(f"ModelNet40: shape file {path} is missing.")
-    data = np.loadtxt(path, delimiter=",", dtype=np.float32, max_rows=num_points, ndmin=2)
+    try:
+        data = np.loadtxt(path, delimiter=",", dtype=np.float32, max_rows=num_points, ndmin=2)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CorruptFileError(path, f"not lines of 'x,y,z,nx,ny,nz' numbers ({err})") from None
+    if data.shape[0] == 0 or data.shape[1] < 6:
+        shape = f"{data.shape[0]} points of {data.shape[1]} values"
+        raise CorruptFileError(path, f"{shape}, expected lines of 'x,y,z,nx,ny,nz'")
+    if not np.isfinite(data[:, :6]).all():
+        raise CorruptFileError(path, "holds non-finite coordinates or normals (nan/inf)")
     return data[:, :3], data[:, 3:6]
+
+
+def check_modelnet_file(path: Path) -> None:
+    read_modelnet_shape(path, None)
 
 
 SCANNET_FILES = ("coord.npy", "color.npy", "normal.npy", "segment20.npy")
@@ -81,18 +118,45 @@ def scannet_scenes(root: Path, split: str) -> list[Path]:
     if not scenes:
         what = "is missing" if not folder.is_dir() else "has no scene folders"
         raise DatasetMissingError(f"ScanNet not found: {folder} {what}.\n" + SCANNET_LAYOUT.format(root=root))
-    incomplete = [s / f for s in scenes[:1] for f in SCANNET_FILES if not (s / f).is_file()]
+    # Every scene, not only the first: a stat per file is cheap next to a failed run.
+    incomplete = [s / f for s in scenes for f in SCANNET_FILES if not (s / f).is_file()]
     if incomplete:
         raise DatasetMissingError(
-            f"ScanNet: {', '.join(map(str, incomplete))} missing.\n" + SCANNET_LAYOUT.format(root=root)
+            f"ScanNet: {len(incomplete)} files missing: {some_names(incomplete)}.\n" + SCANNET_LAYOUT.format(root=root)
         )
     return scenes
 
 
-def read_scannet_scene(scene: Path) -> dict[str, np.ndarray]:
-    out = {f.removesuffix(".npy"): np.load(scene / f) for f in SCANNET_FILES}
-    out["segment"] = out.pop("segment20").astype(np.int64).reshape(-1)
-    out["coord"] = out["coord"].astype(np.float32)
-    out["color"] = out["color"].astype(np.float32)
-    out["normal"] = out["normal"].astype(np.float32)
-    return out
+def _load_npy(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        # numpy says "allow_pickle=False" for any file without an .npy header: not the fix here.
+        detail = "" if "allow_pickle" in str(err) else f" ({err})"
+        raise CorruptFileError(path, f"not a readable NumPy .npy array{detail}; run the preprocessing again") from None
+
+
+def read_scannet_scene(scene: Path, num_classes: int | None = None) -> dict[str, np.ndarray]:
+    """One preprocessed scene, checked: per-point arrays of one length, (n, 3) finite
+    coordinates, colours and normals, and (with ``num_classes``) labels in -1..num_classes-1."""
+    raw = {f.removesuffix(".npy"): _load_npy(scene / f) for f in SCANNET_FILES}
+    count = len(raw["coord"])
+    for key, array in raw.items():
+        expected = (count,) if key == "segment20" else (count, 3)
+        if array.shape != expected and not (key == "segment20" and array.shape == (count, 1)):
+            raise CorruptFileError(
+                scene / f"{key}.npy", f"shape {array.shape}, expected {expected} (coord.npy has {count} points)"
+            )
+    if not np.isfinite(raw["coord"]).all():
+        raise CorruptFileError(scene / "coord.npy", "holds non-finite coordinates (nan/inf)")
+    segment = raw["segment20"].astype(np.int64).reshape(-1)
+    if num_classes is not None and count and (segment.min() < -1 or segment.max() >= num_classes):
+        raise CorruptFileError(
+            scene / "segment20.npy", f"labels span {segment.min()}..{segment.max()}, outside -1..{num_classes - 1}"
+        )
+    as_float = {key: raw[key].astype(np.float32) for key in ("coord", "color", "normal")}
+    return as_float | {"segment": segment}
+
+
+def check_scannet_scene(item: tuple[Path, int]) -> None:
+    read_scannet_scene(*item)

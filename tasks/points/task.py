@@ -23,11 +23,20 @@ from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import ConfigError, ModelConfig, Strict
 from pe_bench.harness.data import stratified_split
 
+from .._shared.data_checks import DataReport, scan_files
 from ..base import Task
 from .data import Augment, FeatureKey, PointDataModule, PointDataset
 from .module import PointClassificationModule, PointClassifier, PointSegmentationModule, PointSegmenter
 from .ptv3 import PointBatch, PTv3, PTv3Config, points_geometry
-from .readers import modelnet_index, read_modelnet_shape, read_scannet_scene, scannet_scenes
+from .readers import (
+    SCANNET_FILES,
+    check_modelnet_file,
+    check_scannet_scene,
+    modelnet_splits,
+    read_modelnet_shape,
+    read_scannet_scene,
+    scannet_scenes,
+)
 from .synthetic import ROOM_CLASSES, room_dataset, shape_dataset
 
 
@@ -165,10 +174,18 @@ class ModelNet40(PointTask):
     def _root(self) -> Path:
         return Path(self.data_root or ".") / self.data.dataset_dir
 
-    def check_data(self) -> None:
-        if self.data.source == "modelnet40":
-            for split in ("train", "test"):
-                modelnet_index(self._root(), split)
+    def check_data(self, full: bool = False, workers: int = 1) -> DataReport:
+        report = DataReport(self.name)
+        if self.data.source != "modelnet40":
+            report.notes.append("generated data: nothing on disk to check")
+            return report
+        splits = modelnet_splits(self._root(), self.data.num_classes)
+        sizes = ", ".join(f"{len(items)} {split}" for split, items in splits.items())
+        report.notes.append(f"{self.data.num_classes} classes in every split; shapes: {sizes}")
+        if full:
+            files = [path for items in splits.values() for path, _ in items]
+            report.checked, report.broken = len(files), scan_files(files, check_modelnet_file, workers)
+        return report
 
     def _splits(self) -> dict[str, Dataset]:
         d = self.data
@@ -182,8 +199,8 @@ class ModelNet40(PointTask):
             return out
         if d.source != "modelnet40":
             raise ConfigError(f"modelnet40: data.source {d.source!r} is not a ModelNet40 source")
-        _, train_items = modelnet_index(self._root(), "train")
-        _, test_items = modelnet_index(self._root(), "test")
+        splits = modelnet_splits(self._root(), d.num_classes)
+        train_items, test_items = splits["train"], splits["test"]
         train_idx, val_idx = stratified_split(np.array([y for _, y in train_items]), d.val_fraction)
 
         def files(items, idx):
@@ -234,10 +251,18 @@ class ScanNet(PointTask):
     def _root(self) -> Path:
         return Path(self.data_root or ".") / self.data.dataset_dir
 
-    def check_data(self) -> None:
-        if self.data.source == "scannet":
-            for split in ("train", "val"):
-                scannet_scenes(self._root(), split)
+    def check_data(self, full: bool = False, workers: int = 1) -> DataReport:
+        report = DataReport(self.name)
+        if self.data.source != "scannet":
+            report.notes.append("generated data: nothing on disk to check")
+            return report
+        scenes = [scene for split in ("train", "val") for scene in scannet_scenes(self._root(), split)]
+        report.notes.append(f"{len(scenes)} scenes, each with {', '.join(SCANNET_FILES)}")
+        if full:
+            items = [(scene, self.data.num_classes) for scene in scenes]
+            report.checked = len(SCANNET_FILES) * len(scenes)
+            report.broken = scan_files(items, check_scannet_scene, workers)
+        return report
 
     def _splits(self) -> dict[str, Dataset]:
         d = self.data
@@ -253,10 +278,11 @@ class ScanNet(PointTask):
         if d.source != "scannet":
             raise ConfigError(f"scannet: data.source {d.source!r} is not a ScanNet source")
         train, val = (scannet_scenes(self._root(), s) for s in ("train", "val"))
+        classes = d.num_classes
         # ScanNet's test labels are hidden: the val split selects the checkpoint and is reported,
         # as in PTv3 and Pointcept.
         return {
-            "train": self._dataset(lambda i: read_scannet_scene(train[i]), len(train), True),
-            "val": self._dataset(lambda i: read_scannet_scene(val[i]), len(val), False),
-            "test": self._dataset(lambda i: read_scannet_scene(val[i]), len(val), False),
+            "train": self._dataset(lambda i: read_scannet_scene(train[i], classes), len(train), True),
+            "val": self._dataset(lambda i: read_scannet_scene(val[i], classes), len(val), False),
+            "test": self._dataset(lambda i: read_scannet_scene(val[i], classes), len(val), False),
         }

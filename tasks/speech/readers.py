@@ -16,6 +16,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from .._shared.data_checks import CorruptFileError
+
 MANIFEST_LAYOUT = "<split>.tsv with lines 'path<TAB>duration_seconds<TAB>transcript' (paths relative to the folder)"
 LIBRISPEECH_LAYOUT = "<split>/<speaker>/<chapter>/<speaker>-<chapter>-<n>.flac + <speaker>-<chapter>.trans.txt"
 
@@ -90,3 +94,25 @@ def read_librispeech(root: Path, split: str) -> list[Record]:
     if not records:
         raise SpeechDatasetError(f"LibriSpeech {split}: no *.trans.txt under {folder}. Layout: {LIBRISPEECH_LAYOUT}")
     return records
+
+
+def read_audio(path: Path, sample_rate: int) -> np.ndarray:
+    """(samples, channels) float32 audio of one utterance at ``sample_rate``; a missing,
+    undecodable, empty or resampled file is an error naming it."""
+    import soundfile as sf
+
+    if not Path(path).is_file():
+        raise CorruptFileError(path, "is missing (listed in the manifest)")
+    try:
+        audio, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    except (RuntimeError, OSError, ValueError) as err:  # soundfile's errors are RuntimeErrors
+        raise CorruptFileError(path, f"cannot be decoded as audio ({err})") from None
+    if rate != sample_rate:
+        raise CorruptFileError(path, f"{rate} Hz, expected {sample_rate} Hz (data.sample_rate)")
+    if len(audio) == 0:
+        raise CorruptFileError(path, "holds no audio samples")
+    return audio
+
+
+def check_audio(item: tuple[Path, int]) -> None:
+    read_audio(*item)

@@ -23,12 +23,13 @@ from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
 from pe_bench.harness.data import SplitDataModule
 
+from .._shared.data_checks import DataReport, scan_files
 from ..base import Task
 from .corpus import CorpusSpec, build_corpus, cache_root, espeak_binary
 from .features import VOCAB_SIZE, LogMel, SpecAugment, encode_text
 from .model import CTCSpeechModel, FrontEnd, speech_geometry
 from .module import CTCModule, SpeechBatch
-from .readers import Record, SpeechDatasetError, read_librispeech, read_manifest
+from .readers import Record, SpeechDatasetError, check_audio, read_audio, read_librispeech, read_manifest
 from .report import bins_table
 
 
@@ -91,11 +92,7 @@ class Utterances(Dataset):
     def _features(self, i: int) -> torch.Tensor:
         if self.cache is not None and i in self.cache:
             return self.cache[i]
-        import soundfile as sf
-
-        audio, rate = sf.read(str(self.records[i].path), dtype="float32", always_2d=True)
-        if rate != self.features.mel.sample_rate:
-            raise SpeechDatasetError(f"{self.records[i].path}: {rate} Hz, expected {self.features.mel.sample_rate} Hz")
+        audio = read_audio(self.records[i].path, self.features.mel.sample_rate)
         feats = self.features(torch.from_numpy(audio.mean(1)))
         if self.cache is not None:
             self.cache[i] = feats
@@ -305,13 +302,24 @@ class SpeechRecognition(Task):
         names = self.datamodule(0).eval_set_names()  # the set names depend on the data only
         return CTCModule(model, self.config.optim, self.data.bin_edges, names)
 
-    def check_data(self) -> None:
+    def check_data(self, full: bool = False, workers: int = 1) -> DataReport:
+        report = DataReport(self.name)
         if self.data.source == "tiny":
             espeak_binary_if_needed(self.data)
-            return
-        folder = corpus_folder(self.data, self.data_root)
-        for split in (self.data.train_split, self.data.valid_split, self.data.test_split):
-            read_manifest(folder, split, f"{self.name} manifests")
+            report.notes.append("generated espeak-ng corpus: nothing on disk to check")
+            return report
+        d, folder = self.data, corpus_folder(self.data, self.data_root)
+        records = {split: read_manifest(folder, split, f"{self.name} manifests") for split in (
+            d.train_split, d.valid_split, d.test_split)}  # fmt: skip
+        if full:  # LibriSpeech's reader opens every FLAC header: only in the full scan
+            librispeech = Path(self.data_root or ".") / d.librispeech_dir
+            for name in self.datamodule(0).librispeech_sets():
+                records[name] = read_librispeech(librispeech, name)
+        report.notes.append(", ".join(f"{len(r)} utterances in {split}" for split, r in records.items()))
+        if full:
+            items = [(record.path, d.sample_rate) for rs in records.values() for record in rs]
+            report.checked, report.broken = len(items), scan_files(items, check_audio, workers)
+        return report
 
     @classmethod
     def extra_tables(cls, records: list[Any]) -> dict[str, pd.DataFrame]:

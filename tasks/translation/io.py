@@ -16,6 +16,8 @@ from pathlib import Path
 
 from pe_bench.harness.data import DatasetMissingError
 
+from .._shared.data_checks import CorruptFileError
+
 SPLITS = ("train", "valid", "test")
 
 
@@ -41,8 +43,27 @@ def check_folder(folder: Path, src: str, tgt: str) -> None:
 
 
 def read_lines(path: Path) -> list[str]:
-    with path.open(encoding="utf-8") as handle:
-        return [line.rstrip("\n").strip() for line in handle]
+    try:
+        with path.open(encoding="utf-8") as handle:
+            return [line.rstrip("\n").strip() for line in handle]
+    except UnicodeDecodeError as err:
+        raise CorruptFileError(path, f"line {first_undecodable_line(path)} is not UTF-8 text ({err.reason})") from None
+
+
+def first_undecodable_line(path: Path) -> int:
+    """1-based number of the first line that is not UTF-8 (looked for only after a failure)."""
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 0
+
+
+def check_split(item: tuple[Path, str, str, str]) -> None:
+    """Full scan: both files of a split decode and are line-aligned."""
+    read_split(*item)
 
 
 def read_split(folder: Path, split: str, src: str, tgt: str) -> list[tuple[str, str]]:

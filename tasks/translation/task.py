@@ -28,9 +28,10 @@ from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
 from pe_bench.harness.data import SplitDataModule
 
+from .._shared.data_checks import DataReport, scan_files
 from ..base import Task
 from .corpus import stack_pairs, tiny_corpus
-from .io import check_folder, read_split
+from .io import SPLITS, check_folder, check_split, read_split
 from .model import MT_LOCAL_SHIFT, PositionFrame, Seq2SeqTransformer
 from .module import DecodingConfig, TranslationModule
 from .tokenizer import BOS, EOS, PAD, SubwordTokenizer, train_tokenizer
@@ -130,9 +131,16 @@ class Translation(Task):
             return tiny_corpus(cache_root(), (d.train_size, d.valid_size, d.test_size), d.tgt_lang)
         return Path(self.data_root or ".") / d.dataset_dir
 
-    def check_data(self) -> None:
-        if self.data.source == "files":
-            check_folder(self.folder(), self.data.src_lang, self.data.tgt_lang)
+    def check_data(self, full: bool = False, workers: int = 1) -> DataReport:
+        d, report = self.data, DataReport(self.name)
+        if d.source != "files":
+            report.notes.append("generated corpus: nothing on disk to check")
+            return report
+        check_folder(self.folder(), d.src_lang, d.tgt_lang)
+        if full:
+            items = [(self.folder(), split, d.src_lang, d.tgt_lang) for split in SPLITS]
+            report.checked, report.broken = 2 * len(items), scan_files(items, check_split, workers)
+        return report
 
     @cached_property
     def corpus(self) -> PreparedCorpus:

@@ -21,9 +21,10 @@ from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
 from pe_bench.harness.data import PatchDataModule
 
+from .._shared.data_checks import DataReport, scan_files
 from ..base import PatchTask
 from .synthetic import motion_clips
-from .ucf101 import read_tubelet_frames, ucf101_root, ucf101_splits
+from .ucf101 import check_video, read_tubelet_frames, ucf101_root, ucf101_splits
 from .vivit import VideoBatch, ViViT, video_geometry
 
 KINETICS_MEAN = (0.45, 0.45, 0.45)
@@ -131,7 +132,7 @@ class VideoDataModule(PatchDataModule):
             return
         fold = ucf101_fold(self.data, self.seed)
         root = ucf101_root(Path(self.data_root or ".") / self.data.dataset_dir, fold)
-        items = ucf101_splits(root, fold)
+        items = ucf101_splits(root, fold, self.data.num_classes)
         self.splits = {name: UCF101Clips(items[name], self.data, name == "train") for name in items}
 
 
@@ -151,8 +152,20 @@ class UCF101(PatchTask):
         d = self.data
         return ViViT(make_encoding, self.geometry(), self.config.model, d.tubelet, 3, d.num_classes)
 
-    def check_data(self) -> None:
-        if self.data.source == "ucf101":
-            folds = (1, 2, 3) if self.data.fold == "seed" else (int(self.data.fold),)
-            for fold in folds:
-                ucf101_root(Path(self.data_root or ".") / self.data.dataset_dir, fold)
+    def check_data(self, full: bool = False, workers: int = 1) -> DataReport:
+        d, report = self.data, DataReport(self.name)
+        if d.source != "ucf101":
+            report.notes.append("generated data: nothing on disk to check")
+            return report
+        videos: set[Path] = set()
+        for fold in (1, 2, 3) if d.fold == "seed" else (int(d.fold),):
+            root = ucf101_root(Path(self.data_root or ".") / d.dataset_dir, fold)
+            splits = ucf101_splits(root, fold, d.num_classes)
+            videos |= {path for items in splits.values() for path, _ in items}
+            report.notes.append(f"fold {fold}: {d.num_classes} classes in both lists; " + ", ".join(
+                f"{len(items)} {split}" for split, items in splits.items()
+            ))  # fmt: skip
+        if full:
+            items = [(path, d.tubelet, d.frame_step, d.max_samples) for path in sorted(videos)]
+            report.checked, report.broken = len(items), scan_files(items, check_video, workers)
+        return report

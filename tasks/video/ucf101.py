@@ -24,6 +24,8 @@ from torch import Tensor
 
 from pe_bench.harness.data import DatasetMissingError
 
+from .._shared.data_checks import CorruptFileError, MalformedDatasetError, check_class_lists, some_names
+
 VIDEO_DIR = "UCF-101"
 LIST_DIR = "ucfTrainTestlist"
 _GROUP = re.compile(r"_g(\d+)_c\d+")
@@ -46,31 +48,72 @@ def ucf101_root(root: Path, fold: int) -> Path:
     return root
 
 
-def ucf101_splits(root: Path, fold: int) -> dict[str, list[tuple[Path, int]]]:
-    """{"train", "val", "test"} -> [(video path, 0-based label)] for one official fold."""
+def class_index(path: Path) -> dict[str, int]:
+    """classInd.txt ("1 ApplyEyeMakeup" ...) -> {name: 0-based label}, numbered 1..N in order."""
+    classes: dict[str, int] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = line.split()
+        if len(fields) != 2 or not fields[0].isdigit() or int(fields[0]) != len(classes) + 1:
+            raise MalformedDatasetError(
+                f"{path}:{number}: expected '{len(classes) + 1} <ClassName>' (classes numbered 1..N in order), "
+                f"got {line.strip()!r}"
+            )
+        classes[fields[1]] = len(classes)
+    return classes
+
+
+def read_split_list(path: Path, root: Path, classes: dict[str, int]) -> list[tuple[Path, int]]:
+    """A train/test list: "<Class>/<file>.avi [label]" lines -> (video, 0-based label). The
+    label is the class folder's; a train list's own label column must agree with it."""
+    items = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        relative, folder = fields[0], fields[0].split("/")[0]
+        if folder not in classes:
+            raise MalformedDatasetError(f"{path}:{number}: class folder {folder!r} is not in classInd.txt")
+        if len(fields) > 1 and fields[1] != str(classes[folder] + 1):
+            raise MalformedDatasetError(
+                f"{path}:{number}: label {fields[1]} for {relative}, but classInd.txt numbers {folder} "
+                f"{classes[folder] + 1}"
+            )
+        items.append((root / VIDEO_DIR / relative, classes[folder]))
+    return items
+
+
+def ucf101_splits(root: Path, fold: int, num_classes: int | None = None) -> dict[str, list[tuple[Path, int]]]:
+    """{"train", "val", "test"} -> [(video path, 0-based label)] for one official fold, after
+    checking that both lists hold every class of classInd.txt (``num_classes`` of them) and
+    that every listed video exists."""
     lists = root / LIST_DIR
-    classes = {}
-    for line in (lists / "classInd.txt").read_text().split("\n"):
-        if line.strip():
-            index, name = line.split()
-            classes[name] = int(index) - 1
-
-    def read(kind: str) -> list[tuple[Path, int]]:
-        items = []
-        for line in (lists / f"{kind}list0{fold}.txt").read_text().split("\n"):
-            if line.strip():
-                # Test lists carry no label: it is the class folder's.
-                relative = line.split()[0]
-                items.append((root / VIDEO_DIR / relative, classes[relative.split("/")[0]]))
-        return items
-
-    train = read("train")
+    classes = class_index(lists / "classInd.txt")
+    train_list, test_list = (lists / f"{kind}list0{fold}.txt" for kind in ("train", "test"))
+    train, test = (read_split_list(path, root, classes) for path in (train_list, test_list))
+    names = list(classes)
+    check_class_lists(
+        "UCF101",
+        {
+            str(lists / "classInd.txt"): names,
+            str(train_list): [names[label] for label in {y for _, y in train}],
+            str(test_list): [names[label] for label in {y for _, y in test}],
+        },
+        num_classes,
+    )
+    missing = [path for path, _ in (*train, *test) if not path.is_file()]
+    if missing:
+        raise DatasetMissingError(
+            f"UCF101: {len(missing)} videos listed in {train_list.name} or {test_list.name} are missing: "
+            f"{some_names(missing)}"
+        )
     first_group: dict[int, int] = defaultdict(lambda: 1 << 30)
     for path, label in train:
         first_group[label] = min(first_group[label], _group(path))
     val = [item for item in train if _group(item[0]) == first_group[item[1]]]
     train = [item for item in train if _group(item[0]) != first_group[item[1]]]
-    return {"train": train, "val": val, "test": read("test")}
+    return {"train": train, "val": val, "test": test}
 
 
 def _group(path: Path) -> int:
@@ -92,14 +135,22 @@ def read_tubelet_frames(path: Path, frame_length: int, frame_step: int, max_samp
 
     wanted_last = (max_samples - 1) * frame_step + frame_length - 1
     frames: list[np.ndarray] = []
-    with av.open(str(path)) as container:
-        for index, frame in enumerate(container.decode(video=0)):
-            if index > wanted_last:
-                break
-            frames.append(frame.to_ndarray(format="rgb24"))
+    try:
+        with av.open(str(path)) as container:
+            for index, frame in enumerate(container.decode(video=0)):
+                if index > wanted_last:
+                    break
+                frames.append(frame.to_ndarray(format="rgb24"))
+    except (av.error.FFmpegError, OSError, IndexError) as err:  # IndexError: no video stream
+        raise CorruptFileError(path, f"cannot be decoded as a video ({type(err).__name__}: {err})") from None
     if not frames:
-        raise ValueError(f"{path}: no video frames could be decoded")
+        raise CorruptFileError(path, "no video frames could be decoded")
     keep = tubelet_frame_indices(len(frames), frame_length, frame_step, max_samples)
     if not keep:
-        raise ValueError(f"{path}: {len(frames)} frames, fewer than one tubelet of {frame_length}")
+        raise CorruptFileError(path, f"{len(frames)} frames, fewer than one tubelet of {frame_length}")
     return torch.from_numpy(np.stack([frames[i] for i in keep])).permute(0, 3, 1, 2)
+
+
+def check_video(item: tuple[Path, int, int, int]) -> None:
+    """Full scan: the video decodes into at least one tubelet, as training reads it."""
+    read_tubelet_frames(*item)

@@ -134,7 +134,7 @@ def test_paper_imagefolder_loader_with_stratified_split(tmp_path):
 
     _write_imagefolder(tmp_path)
     overrides = parse_overrides(["data.image_size=32", "optim.batch_size=4", "data.val_fraction=0.2",
-                                 "trainer.num_workers=0"])  # fmt: skip
+                                 "trainer.num_workers=0", "data.num_classes=2"])  # fmt: skip
     task = get_task("imagenet")(load_run_config("imagenet", "paper", overrides), tmp_path)
     task.check_data()
     data = task.datamodule(seed=0)
@@ -146,7 +146,7 @@ def test_paper_imagefolder_loader_with_stratified_split(tmp_path):
     assert test_images.shape[-2:] == (32, 32) and len(data.splits["test"]) == 4
     mix = task.lightning_module(torch.nn.Identity()).batch_transform  # MixUp or CutMix
     mixed_images, soft = mix(images, labels)
-    assert mixed_images.shape == images.shape and soft.shape == (4, 1000)
+    assert mixed_images.shape == images.shape and soft.shape == (4, 2)
     torch.testing.assert_close(soft.sum(-1), torch.ones(4))
 
 
@@ -157,6 +157,7 @@ def test_paper_profile_trains_one_epoch_on_the_tiny_imagefolder(tmp_path):
         "--out", str(tmp_path / "out"), "--set", "data.image_size=32", "--set", "optim.batch_size=4",
         "--set", "data.val_fraction=0.2", "--set", "trainer.num_workers=0", "--set", "optim.epochs=1",
         "--set", "model.dim=32", "--set", "model.depth=1", "--set", "model.num_heads=2",
+        "--set", "data.num_classes=2",
     ])  # fmt: skip
     assert code == 0
     record = store.read_record(store.cell_dir(tmp_path / "out", "imagenet", "rope", 0))

@@ -122,7 +122,8 @@ def test_ucf101_loader_reads_official_layout_with_pyav(tmp_path):
     assert frames.shape == (6, 3, 24, 32) and frames.dtype == torch.uint8
     assert abs(int(frames[2].float().mean()) - 90) < 12  # frame 10 decoded, not frame 2
 
-    overrides = {"data": {"image_height": 32, "image_width": 48, "fold": 1}, "model": {"patch_size": 16}}
+    data = {"image_height": 32, "image_width": 48, "fold": 1, "num_classes": 2}
+    overrides = {"data": data, "model": {"patch_size": 16}}
     config = load_run_config("ucf101", "paper", overrides)
     module = VideoDataModule(get_task("ucf101")(config).data, 16, 2, 0, 0, tmp_path)
     module.setup()
