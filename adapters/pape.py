@@ -16,7 +16,9 @@ Two forms, selected by ``form``:
   invariance makes this exact, and it keeps s small, so the cancellation in
   s_i^2 + s_j^2 - 2 s_i s_j loses less precision in bf16.
 * ``explicit``: the bias of Eq. 9 built as a (B, H, Nq, Nk) tensor: the reference oracle
-  and the memory comparison.
+  and the memory comparison. Its FlexAttention form (``score_mod``, used on CUDA) evaluates
+  Eq. 9 with the direct differences Δr_ij per (query, key) pair inside the kernel, from
+  the (B, H, N, m) tensors s, a and b: the same oracle with memory linear in the tokens.
 
 The ablations of Table 2 are options: ``quadratic``/``linear`` drop a term, ``context``
 False learns a and b per layer and head but shares them across tokens, ``softplus`` False
@@ -38,6 +40,7 @@ from .base import (
     LayerEncoding,
     PositionEncoding,
     Principle,
+    ScoreMod,
     key_centred_coords,
 )
 from .registry import register
@@ -163,6 +166,25 @@ class ParabolicLayer(LayerEncoding):
             out = out + (b.unsqueeze(3) * delta).sum(-1)
         # Eq. 9's bias sits inside S, which Eq. 1 scales by 1/sqrt(h) with q.k.
         return out * inputs.key.has_pos[:, None, None, :] / math.sqrt(q.shape[-1])
+
+    def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod | None:
+        if self.options.form != "explicit":
+            return None  # the efficient form has no bias: it runs on SDPA's fused kernels
+        s_q, s_k = self._frame(inputs)
+        a, b = self._coefficients_for_queries(inputs)
+        has_k, scale, zero = inputs.key.has_pos, 1.0 / math.sqrt(q.shape[-1]), s_q.new_zeros(())
+
+        def parabola(score: Tensor, n: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            # The m terms of Eq. 9 unrolled: each reads three scalars, nothing is N x N.
+            delta = [s_k[n, h, j, c] - s_q[n, h, i, c] for c in range(self.m)]
+            total = zero
+            if a is not None:
+                total = total + sum(a[n, h, i, c] * d.square() for c, d in enumerate(delta))
+            if b is not None:
+                total = total + sum(b[n, h, i, c] * d for c, d in enumerate(delta))
+            return score + torch.where(has_k[n, j], total * scale, 0.0).to(score.dtype)
+
+        return parabola
 
 
 @register("pape")
