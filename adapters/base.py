@@ -23,9 +23,9 @@ the attention core then calls the fused SDPA kernel with at most a key-padding m
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
-from collections.abc import Callable
 from typing import ClassVar
 
 import torch

@@ -68,9 +68,8 @@ class RelPosLayer(LayerEncoding):
         table, windows, strides = self.table, self.window_cells, self.stride_cells
 
         def relpos(h: Tensor, offsets: list[Tensor]) -> Tensor:
-            cell = sum(
-                (torch.round(d).clamp(-w, w) + w) * stride for d, w, stride in zip(offsets, windows, strides, strict=True)
-            )
+            cells = zip(offsets, windows, strides, strict=True)
+            cell = sum((torch.round(d).clamp(-w, w) + w) * stride for d, w, stride in cells)
             return table[h, cell.long()]
 
         return pairwise_score_mod(inputs, relpos)

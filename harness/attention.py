@@ -16,9 +16,7 @@ form, so training with ``dropout > 0`` keeps the dense path.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
-import warnings
 from collections.abc import Iterator
 from typing import Literal
 
@@ -26,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pe_bench.adapters._flex import make_block_mask, run_flex
 from pe_bench.adapters.base import AttentionInputs, LayerEncoding, MaskMod, PositionLayout, ScoreMod
 
 KernelPolicy = Literal["auto", "flex", "dense"]
@@ -52,35 +51,6 @@ def wants_flex(device: torch.device) -> bool:
     if _kernel_policy == "auto":
         return device.type == "cuda"
     return _kernel_policy == "flex"
-
-
-@functools.cache
-def _compiled_flex_attention():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    # Uncompiled FlexAttention materialises the scores: it is only fast compiled.
-    return torch.compile(flex_attention, dynamic=False)
-
-
-def _run_flex(q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod, block_mask, scale: float) -> Tensor:
-    from torch.nn.attention.flex_attention import flex_attention
-
-    if q.device.type == "cuda" and not torch.compiler.is_compiling():
-        return _compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
-    with warnings.catch_warnings():
-        # Eager Flex (CPU tests, or inside a compiled model where it is traced) warns that it
-        # is slow; on CPU that is expected, and under torch.compile the warning is not true.
-        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
-
-
-def _block_mask(mask_mod: MaskMod, batch: int | None, n_q: int, n_k: int, device: torch.device):
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    if device.type == "cuda" and not torch.compiler.is_compiling():
-        # Compiled, the mask is evaluated block by block instead of as a dense N x N tensor.
-        return torch.compile(create_block_mask)(mask_mod, batch, None, n_q, n_k, device=device)
-    return create_block_mask(mask_mod, batch, None, n_q, n_k, device=device)
 
 
 def flex_attention_with_masks(
@@ -121,8 +91,8 @@ def flex_attention_with_masks(
 
         combined = masks[0] if len(masks) == 1 else and_masks(*masks)
         batch = None if mask_mod is None else q.shape[0]  # causality alone is the same for every sample
-        block_mask = _block_mask(combined, batch, n_q, n_k, q.device)
-    return _run_flex(q, k, v, scores, block_mask, scale)
+        block_mask = make_block_mask(combined, batch, n_q, n_k, q.device)
+    return run_flex(q, k, v, scores, block_mask, scale)
 
 
 def attention_mask(

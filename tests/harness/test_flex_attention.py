@@ -91,7 +91,10 @@ def test_flex_equals_the_dense_bias_reference(name, options, dtype, tol, padded,
     assert (_forward(unbiased, x, layout, "dense") - dense).abs().max() > 100 * tol
 
 
-@pytest.mark.parametrize(("name", "options"), [("alibi", {}), ("relpos", {}), ("pape", {"form": "explicit", "m": 4})])
+CAUSAL = [("alibi", {}), ("relpos", {}), ("pape", {"form": "explicit", "m": 4}), ("sape2", {})]
+
+
+@pytest.mark.parametrize(("name", "options"), CAUSAL)
 def test_flex_applies_causality_and_padding_together(name, options):
     layer = _layer(name, options, torch.float64)
     x, layout = _inputs(torch.float64, padded=True)
