@@ -58,11 +58,13 @@ def run_flex(
     kwargs = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale}
     if return_lse:
         kwargs["return_aux"] = AuxRequest(lse=True)
-    if q.device.type == "cuda" and not torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():  # traced into the caller's graph
+        result = flex_attention(q, k, v, **kwargs)
+    elif q.device.type == "cuda":
         result = _compiled_flex_attention()(q, k, v, **kwargs)
     else:
         with warnings.catch_warnings():
-            # Eager Flex warns that it is unfused: expected on CPU, untrue while compiling.
+            # Eager Flex warns that it is unfused: expected on CPU.
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
             result = flex_attention(q, k, v, **kwargs)
     if return_lse:

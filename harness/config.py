@@ -56,6 +56,8 @@ class TrainerConfig(Strict):
     # CPU threads for torch (None: torch's default, or OMP_NUM_THREADS). On a busy machine 1
     # thread per process avoids oversubscription, which made steps 8-14x slower here.
     threads: int | None = Field(default=None, ge=1)
+    # torch.compile the model (harness/compile.py); "auto": on for CUDA, off on CPU.
+    compile: bool | Literal["auto"] = "auto"
 
 
 class RunConfig(Strict):
