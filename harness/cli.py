@@ -4,7 +4,8 @@ pe-bench run --tasks all --methods pape,rope,cape [--profile tiny|paper] [--seed
              [--out DIR] [--data-root DIR] [--set optim.epochs=5 ...]
 pe-bench table [--out DIR]
 pe-bench list tasks|methods
-pe-bench bench [--model tiny|vit-s|vit-b] [--methods ...] [--sweep 256,1024,4096]
+pe-bench bench [--model tiny|vit-s|vit-b] [--methods ...] [--sweep 256,1024,4096] [--compile]
+               [--throughput] [--pape-precision]
 pe-bench principles [--methods ...]
 pe-bench check NAME
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -69,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--sweep-methods", default="nopos,rope,pape,pape[form=explicit]")
     bench.add_argument("--out", type=Path, default=None, help="also write bench.md/bench.csv here")
     bench.add_argument("--task", default=None, help="only the task's own benchmark (e.g. tokenizer throughput)")
+    bench.add_argument("--compile", action="store_true", help="torch.compile every model")
+    bench.add_argument(
+        "--throughput", action=argparse.BooleanOptionalAction, default=None, help="img/s table (default: on CUDA)"
+    )
+    bench.add_argument("--throughput-batch", type=_ints, default=[1, 128], help="batches of the img/s table")
+    bench.add_argument("--pape-precision", action="store_true", help="only PaPE's bf16 softmax error vs float64")
 
     extrapolate = sub.add_parser("extrapolate", help="evaluate stored checkpoints at other resolutions")
     extrapolate.add_argument("--task", default="imagenet")
@@ -230,9 +238,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         figures = get_task(args.task).benchmark(args.device)
         print(figures or f"task {args.task!r} has no benchmark of its own")
         return 0
+    if args.pape_precision:
+        from pe_bench.harness.reports.bench import pape_precision_table
+
+        precision = pape_precision_table()
+        print("## PaPE softmax total variation against float64 (bf16 autocast, CPU)", precision.to_markdown(), sep="\n")
+        return 0
     methods = TABLE4_METHODS if args.methods is None else tuple(m.strip() for m in _split_methods(args.methods))
     batches = tuple(args.batch)
     spec = BenchSpec(args.model, methods, batches, args.train_batch, args.repeats, args.image_size, args.device)
+    spec.compile = args.compile
     lines = [f"# pe-bench bench: {args.model}, {args.repeats} repeats", header(), ""]
     forward = forward_table(spec)
     lines += [
@@ -242,6 +257,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "",
     ]
     print("\n".join(lines), flush=True)
+    if args.throughput if args.throughput is not None else args.device.startswith("cuda"):
+        lines += _throughput_block(args, spec)
     sweep = None
     if args.sweep:
         sweep_methods = [m.strip() for m in _split_methods(args.sweep_methods)]
@@ -259,6 +276,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if sweep is not None:
             sweep.to_csv(args.out / "bench_sweep.csv")
     return 0
+
+
+def _throughput_block(args: argparse.Namespace, spec) -> list[str]:
+    from pe_bench.harness.reports.bench import THROUGHPUT_METHODS, throughput_table
+
+    methods = THROUGHPUT_METHODS if args.methods is None else spec.methods
+    table = throughput_table(replace(spec, methods=methods, batches=tuple(args.throughput_batch)))
+    title = "## img/s; nopos / this (_vs_nopos) and that over the FLOP-model bound (_vs_bound)"
+    block = [title, table.to_markdown(), ""]
+    print("\n".join(block), flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out / "bench_throughput.csv")
+    return block
 
 
 def _split_methods(text: str) -> list[str]:
