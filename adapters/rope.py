@@ -4,6 +4,13 @@ The head is split into P equal groups of rotation pairs, one group per coordinat
 of a group rotates by coord * base^(-k / pairs_per_axis). Tokens without position get the
 identity rotation at the centroid of the keys (see ``RotaryLayer``). Scores between
 positioned tokens depend on positions only through r_j - r_i.
+
+Cost: every layer recomputes the same angles and cos/sin tables from the same layout.
+Compiled (``trainer.compile``, on by default on CUDA), AOTAutograd's common-subexpression
+elimination merges them into one computation per forward (tests/harness/test_compile.py
+checks this), and inductor fuses the rotation of q and of k into the kernels around
+them; eager runs pay the per-layer recomputation. RoPE-Mixed and STRING learn their
+frequencies per layer, so only the key-centred coordinates are shared there (also by CSE).
 """
 
 from __future__ import annotations

@@ -201,10 +201,11 @@ class Attention(nn.Module):
             return self._merge_heads(out)
         bias = self._bias(q, k, inputs)
         mask, is_causal = attention_mask(bias, inputs.key, causal, q.shape[-2], q.dtype)
-        if v.shape[-1] != q.shape[-1]:
-            # Widened q/k (PaPE): the fused CPU and flash kernels need equal q/k/v widths and
-            # otherwise fall back to the math kernel, which materialises N x N. Zero columns
-            # in v keep the fused path; they are sliced off the output again.
+        if v.shape[-1] != q.shape[-1] and q.device.type != "cuda":
+            # Widened q/k (PaPE): the fused CPU kernels need equal q/k/v widths and otherwise
+            # fall back to the math kernel, which materialises N x N. Zero columns in v keep
+            # the fused path; they are sliced off the output again. CUDA's cuDNN and
+            # memory-efficient kernels take a narrower v, which saves the padded PV product.
             v = F.pad(v, (0, q.shape[-1] - v.shape[-1]))
         out = F.scaled_dot_product_attention(
             q,

@@ -52,6 +52,30 @@ def test_compiled_model_keeps_its_state_dict_and_outputs(method):
     torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
 
 
+def test_compiled_rope_computes_its_rotation_tables_once_for_all_layers():
+    """The tables depend on positions only: compiled, the four layers share one cos."""
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.utils import counters
+
+    cosines = []
+
+    def count_cosines(graph_module, example_inputs):
+        nodes = graph_module.graph.nodes
+        cosines.append(sum(n.op == "call_function" and "cos" in str(n.target) for n in nodes))
+        return make_boxed_func(graph_module.forward)
+
+    backend = aot_autograd(fw_compiler=count_cosines, partition_fn=min_cut_rematerialization_partition)
+    model = ViT(EncodingFactory("rope", {}), image_geometry((16, 16), 4), TINY.model_copy(update={"depth": 4}), 3, 10)
+    maybe_compile(model, TrainerConfig(compile=True), backend=backend)
+    counters.clear()
+    model(torch.randn(2, 3, 16, 16)).sum().backward()
+    # one graph for the whole model (no graph break splits the layers), and every forward
+    # AOTAutograd compiles for it holds a single cos
+    assert counters["stats"]["unique_graphs"] == 1
+    assert cosines and set(cosines) == {1}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("method", ["rope", "alibi", "relpos", "pape", "sape2"])
