@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/pe-bench run --tasks all --methods pape,rope,cape
+	$(BIN)/pe-bench run --tasks all --methods pape,rope,cape --jobs auto
 
 test: $(STAMP)
 	$(BIN)/ruff check .

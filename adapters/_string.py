@@ -1,4 +1,5 @@
-"""Shared parts of STRING (Schenck et al. 2025, string.txt Section 3).
+"""Shared parts of STRING (Schenck et al., "Learning the RoPEs: Better 2D and 3D Position
+Encodings with STRING", arXiv 2502.02562, Section 3).
 
 STRING encodes a token z at position r as R(r) z, R(r) = exp(Σ_k L_k r_k) with commuting
 antisymmetric generators L_k (Definition 3.1). Then R(r_i)^T R(r_j) = R(r_j - r_i), so
@@ -19,7 +20,9 @@ Both q/k transforms keep the head width and build no N x N tensor (fused-kernel 
 Tokens without a position get R(0) = I (Cayley: still the position-free basis change P).
 As in rope_mixed, positions are first taken relative to the mean positioned key (exact for
 positioned pairs), so the CLS sits at the key centroid, not at the absolute origin, and a
-translation of all positions changes no logit, the CLS's included.
+translation of all positions changes no logit, the CLS's included; masking keys moves the
+centroid and so changes the CLS's logits. The paper does not say how its ViTs treat the
+CLS.
 """
 
 from __future__ import annotations

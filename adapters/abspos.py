@@ -1,8 +1,14 @@
-"""Learnable absolute position embedding (ViT/DeiT), one vector per grid cell.
+"""Learnable absolute position embedding, one vector per grid cell, as in ViT ("An Image is
+Worth 16x16 Words", arXiv 2010.11929) and DeiT ("Training data-efficient image transformers
+& distillation through attention", arXiv 2012.12877).
 
 On a grid other than the training one the table is resized, bicubically for 2-D grids
-(linear for 1-D, trilinear for 3-D), as CAPE Section 5.1 and DeiT do. CLS tokens get
-no positional vector (the protocol keeps prefix tokens position-free).
+(linear for 1-D, trilinear for 3-D), as CAPE ("Encoding Relative Positions with Continuous
+Augmented Positional Embeddings", arXiv 2106.03143) Section 5.1 and DeiT do.
+
+CLS: pe-bench gives prefix tokens no positional vector (the protocol keeps them
+position-free). ViT and DeiT, and CAPE's abspos baseline, learn one more table entry for
+the class token (not interpolated when the grid is resized, CAPE footnote 5).
 """
 
 from __future__ import annotations

@@ -1,15 +1,25 @@
-"""nD-ALiBi (Fuller et al. 2023's 2D-ALiBi, extended to any P as in pape.txt Section 5.1).
+"""nD-ALiBi: the 2D-ALiBi of Fuller et al. ("CROMA: Remote Sensing Representations with
+Contrastive Radar-Optical Masked Autoencoders", arXiv 2311.00566), extended to any P as in
+PaPE ("Where to Attend: A Principled Vision-Centric Position Encoding with Parabolas",
+arXiv 2602.01418) Section 5.1.
 
 Bias on the scaled logits:  bias_hij = -slope_h * ||r_j - r_i||_2,  fixed (no parameters).
 
-Head slopes are ALiBi's (Press et al. 2022, their reference ``get_slopes``): for a power of
-two H, slope_h = 2^(-8h/H), h = 1..H; otherwise, with n = 2^floor(log2 H), the n slopes
-of that formula followed by the slopes h = 1, 3, 5, ... of the 2n-head ladder, up to H.
+Head slopes are ALiBi's (Press et al., "Train Short, Test Long: Attention with Linear Biases
+Enables Input Length Extrapolation", arXiv 2108.12409, their reference ``get_slopes``):
+for a power of two H, slope_h = 2^(-8h/H), h = 1..H; otherwise, with n = 2^floor(log2 H),
+the n slopes of that formula followed by the slopes h = 1, 3, 5, ... of the 2n-head
+ladder, up to H.
 For H = 12 (ViT-B) that is 2^-1, ..., 2^-8, then 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5.
 
 Euclidean distance makes the bias translation and rotation invariant; positive slopes make
-it decay with distance. Rows and columns of tokens without a position (CLS) get zero bias.
-Padding keys are masked by the attention core; their coordinates are ignored here.
+it decay with distance. Padding keys are masked by the attention core; their coordinates
+are ignored here.
+
+CLS: rows and columns of tokens without a position get zero bias, so the CLS attends and
+is attended without any distance penalty. The official PaPE code's nD-ALiBi
+(DTU-PAS/parabolic-position-encoding) instead places the CLS at (0, 0), next to patches
+at (1..W, 1..H), inside the bias: the CLS is penalised by its distance to that corner.
 
 FlexAttention form (``score_mod``): the same distance computed per (query, key) pair
 from the (B, N, P) coordinates inside the kernel; memory stays linear in the tokens.

@@ -226,6 +226,21 @@ class PositionEncoding(nn.Module):
         return None
 
 
+def positional_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The parameters of ``model`` that belong to its position encoding(s), in
+    ``named_parameters`` order and names: those of every :class:`PositionEncoding` and every
+    per-layer :class:`LayerEncoding` (submodules included). Decided by type, so it holds
+    whatever attribute name a backbone gives its encodings (``encoding``,
+    ``encoder_encoding``, a per-stage list, ...)."""
+    owned = {
+        id(param)
+        for module in model.modules()
+        if isinstance(module, (PositionEncoding, LayerEncoding))
+        for param in module.parameters()
+    }
+    return [(name, param) for name, param in model.named_parameters() if id(param) in owned]
+
+
 class NotApplicableError(ValueError):
     """The encoding is not defined for the task's geometry (the table shows n/a)."""
 

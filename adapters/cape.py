@@ -1,4 +1,5 @@
-"""CAPE: continuous augmented positional embeddings (Likhomanenko et al., cape.txt).
+"""CAPE: continuous augmented positional embeddings (Likhomanenko et al., "CAPE: Encoding
+Relative Positions with Continuous Augmented Positional Embeddings", arXiv 2106.03143).
 
 Sinusoidal features of positions that are, at training time only, mean-normalised,
 globally shifted, locally shifted and globally scaled (Section 4, Appendix A); at
@@ -11,6 +12,10 @@ Frequencies:
 * P >= 3: our generalisation: π ρ_k u_k with u_k unit directions spread over the sphere by a
   golden-angle spiral, so that, as in 2D, no direction is preferred and every component
   has its own direction.
+
+CLS: pe-bench adds no feature to tokens without a position, and they do not enter the
+mean normalisation. The paper does not say what its ViT's class token receives (its
+abspos baseline learns an embedding for it).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from .transforms import cape_augment, grid_to_unit, mean_normalize
 
 
 class CAPEOptions(EncodingOptions):
-    max_global_shift: float = 0.5  # Δmax (cape.txt 5.1: 0.5 for images)
+    max_global_shift: float = 0.5  # Δmax (CAPE Section 5.1: 0.5 for images)
     max_local_shift: float | None = None  # εmax; None: 1/N per grid axis (paper), 0 off-grid
     max_scale: float = 1.4  # λmax
     coordinates: Literal["unit-grid", "raw"] = "unit-grid"  # images: grid -> [-1, 1]

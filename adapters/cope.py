@@ -1,5 +1,7 @@
-"""CoPE: Contextual Position Encoding (Golovneva et al., 2024), as sape2.txt Section 2 and
-Appendix D (``SaPE_unit``) state it, the 1D relative encoding that SaPE² builds on.
+"""CoPE (Golovneva et al., "Contextual Position Encoding: Learning to Count What's Important",
+arXiv 2405.18719), as SaPE² ("A 2D Semantic-Aware Position Encoding for Vision
+Transformers", arXiv 2505.09466) Section 2 and Appendix D (``SaPE_unit``) state it, the 1D
+relative encoding that SaPE² builds on.
 
 Per layer and head, with q, k the heads' queries and keys and d the head width:
 
@@ -8,14 +10,14 @@ Per layer and head, with q, k the heads' queries and keys and d the head width:
     e[p] = (p - floor p) e[ceil p] + (1 - p + floor p) e[floor p]        interpolation
     r_ij = q_i . e[p_ij],   logits = (q_i . k_j + r_ij) / sqrt(d)        (Eq. 3)
 
-Decisions, each from sape2.txt:
+Decisions, each from the SaPE² paper:
 
 * The gate scales q . k by 1/sqrt(d): Appendix D computes ``(q * scale) @ k^T``, the ViT
   attention scale; Eq. 7 omits it, but unscaled sigmoids saturate at ViT head widths.
 * The bias r enters inside the 1/sqrt(d) of Eq. 3 (sape2's RPE form), which fixes the
   scale Appendix D leaves open ("adding the output to the attention computation").
 * Order: CoPE counts along a token order. Causal (language) use sums from j up to the
-  query, exactly Eq. 8. Non-causal use, sape2.txt's "CoPE applied directly to images"
+  query, exactly Eq. 8. Non-causal use, SaPE²'s "CoPE applied directly to images"
   (Section 5.2, Table 1), is Appendix D's code without a causal mask: the sum runs from j
   to the end of the sequence. ``t <= i`` in the causal case is token order, the same
   order the attention core's causal mask uses, so no gate ever sees a future token.
@@ -30,7 +32,9 @@ Decisions, each from sape2.txt:
   sequences (extrapolation) saturate instead of failing.
 
 CLS and padding never count (their gates are zero) and get no bias, so CLS stays position
-free and padding changes nothing for real tokens. Coordinates enter only through their
+free and padding changes nothing for real tokens. The references have no CLS to compare
+with: CoPE is a causal language-model encoding, and SaPE²'s Appendix D code runs on the
+patch tokens alone. Coordinates enter only through their
 order, so a global translation of the positions leaves every logit unchanged; the bias is
 content-dependent (context awareness). Directionality and distance decay are learned, not
 built in, so they are not claimed; the N x N bias rules out the fused kernel.
@@ -57,7 +61,7 @@ from .registry import register
 class CoPEOptions(EncodingOptions):
     #: number of integer positions with an embedding; None: training token count + 1.
     npos_max: int | None = Field(None, ge=2)
-    #: also add a learnable absolute embedding (sape2.txt Table 1's "CoPE + APE").
+    #: also add a learnable absolute embedding (SaPE² Table 1's "CoPE + APE").
     abspos: bool = False
     init_std: float = 0.02
 

@@ -1,29 +1,78 @@
-"""LookHere (Fuller et al., NeurIPS 2024): 2D-ALiBi with directed fields of view per head.
+"""LookHere: 2D-ALiBi with directed fields of view per head, as its authors released it.
 
-Per layer l and head h the bias on the scaled logits is
+Reference: Fuller, Kyrollos, Yassin and Green, "LookHere: Vision Transformers with
+Directed Attention Generalize and Extrapolate" (NeurIPS 2024, arXiv 2405.13985), and the
+authors' code (GreenCUBIC/lookhere, ``create_lh_bias_tensor``; the same construction in
+the ADE20K configs of an author's mmsegmentation fork, DanielKyr/mmsegmentation).
 
-    B_h(i, j) = -g * s_l * m_h * ||r_j - r_i||     if r_j lies in head h's field of view from r_i,
-              = -inf                                otherwise,
+Bias of layer l, head h, query i, key j, added to the scaled logits q.k / sqrt(d):
 
-* the field of view of head h is the cone of half-angle ``fov_degrees / 2`` around the
-  direction u_h; its boundary rays are inside (so LookHere-90's triangles keep their
-  diagonals, LookHere-180's halves keep the perpendicular line). r_j = r_i is always
-  inside, so a query always sees itself and no row is empty;
-* directions are ``num_directions`` equally spaced angles, cycled over the heads; the
-  default offset puts every cone boundary on a multiple of 45 deg, where grid cells lie
-  exactly, so the masks have no ties decided by rounding (LookHere's halves, triangles
-  and eighths are the 180, 90 and 45 degree cases);
-* m_h = ratio^(1 + h // num_directions): one slope per cycle of directions, halving
-  from cycle to cycle as the reference's per-head slopes 2^-1, 2^-2, ...;
-* s_l goes linearly from ``layer_slopes[0]`` in the first layer to ``layer_slopes[1]``
-  in the last (decaying across depth), g is the global slope.
+    B_lh(i, j) = -g * s_l * m_h * ||r_j - r_i||   if r_j - r_i lies in head h's field of view,
+               = -inf                             otherwise,
 
-Coordinates are grid (row, col): "right" is +col, "up" is -row, angles count counter-
-clockwise from right as seen on the image. Tokens without a position (CLS) and padding
-rows/columns get no bias and no mask: CLS is unbiased and unmasked, and a padding query
-row stays finite so nothing NaN can reach the values of later layers. If a positioned
-query could see no admissible key at all (cross-attention layouts without its own
-position, causal masking), its row keeps the distance bias but drops the direction mask.
+* ||.|| is the Euclidean distance in patch units (the release's default ``distance:
+  linear``; its ``sqrt``/``square`` penalties are appendix ablations, not offered here);
+* g is the global slope, 2 in all three released variants;
+* s_l goes linearly from ``layer_slopes[0]`` = 1.5 in the first layer to
+  ``layer_slopes[1]`` = 0.5 in the last (numpy ``linspace``; one layer gets the first);
+* m_h is the head slope, per *group* of heads (see below): directed heads of a group get
+  2^-(1 + j // 4) for the j-th head of the group (1/2 for the first cycle of four
+  directions, 1/4 for a second cycle, ...); unmasked ("none") heads get ALiBi-like
+  4^-(1 + j // ceil(n / 4)) for the j-th of n, i.e. 1/4, 1/16, 1/64, 1/256 for four.
+  So in LH-90's first layer the directed heads decay with slope 2 * 1.5 * 1/2 = 1.5 per
+  patch and the unmasked heads with 0.75, 0.1875, 0.047, 0.012.
+
+Fields of view. Offsets d = r_j - r_i are grid (d_row, d_col); "up" is -row. A field of
+view is the intersection of closed half-planes {d : n . d >= 0}, one per compass
+direction n it looks towards (up = (-1, 0), up-right = (-1, 1), ...). Every boundary is
+*inside*: keys on a boundary ray (same row/column for halves and corners, on a diagonal for
+triangles and eighths) are seen, as in the release, whose masks are integer comparisons
+of grid indices (x_j >= x_i, x_j - y_j >= x_i - y_i, ...). The query's own position,
+d = 0, lies in every field of view, so every positioned query sees itself and no row of
+a head is empty. The released head groups, four heads each in this order:
+
+    halves     180 deg  up, down, left, right                  (one half-plane each)
+    diagonals  180 deg  up-right, up-left, down-right, down-left (half-planes bounded by
+                        a diagonal through the query)
+    corners     90 deg  up-left, up-right, down-left, down-right quadrants
+    triangles   90 deg  cones around up, down, left, right (bounded by both diagonals)
+    eighths1    45 deg  tri-up & left, tri-down & left, tri-left & up, tri-right & up
+    eighths2    45 deg  tri-up & right, tri-down & right, tri-left & down, tri-right & down
+    none       360 deg  unmasked: plain 2D-ALiBi heads
+
+(an "eighth" is the wedge between an axis and a diagonal; eighths1 and eighths2 together
+tile the plane). The three variants of the paper, each 8 directed heads pointing in 8
+directions plus 4 unmasked heads on a 12-head ViT-B, differ only in the field of view:
+
+    lh180: halves-diagonals-none     lh90: corners-triangles-none     lh45: eighths1-eighths2-none
+
+LH-90 is the configuration of the released ``LH_90_weights_and_config.pth`` and the one
+PaPE ("Where to Attend: A Principled Vision-Centric Position Encoding with
+Parabolas", arXiv 2602.01418) re-implemented for its Table 1
+(DTU-PAS/parabolic-position-encoding, ``pape/nn/positions/lookhere.py``). That
+re-implementation calls the release's builder once per layer with depth 1, so every
+layer gets s_l = 1.5 rather than 1.5 ... 0.5; ``layer_slopes: [1.5, 1.5]`` reproduces it.
+``variant: custom`` takes any sequence of distinct ``head_groups``.
+
+Number of heads. The release handles 12 and 16 heads (and 6 heads for two-group configs
+whose second group is "none"). pe-bench generalises its rule: heads are dealt in whole
+cycles of four to the groups in turn, and a remainder of fewer than four goes to the next
+group in turn, which takes its first heads; heads are then ordered group by group. This
+reproduces the release at 12 heads (4, 4, 4), 16 heads (8, 4, 4) and 6 heads (4, 2), and
+gives e.g. (8, 8, 8) at 24. With fewer than 12 heads the later groups go short or empty:
+the tiny 4-head model's LH-90 is the four corner heads (quadrants, still covering every
+direction), LH-180 the four halves, LH-45 only eighths1 (half the plane stays unseen).
+
+Differences from the release. The release stores the bias in bfloat16 (distances rounded
+to 8 significant bits) and masks with -finfo(bfloat16).max; pe-bench computes in the
+dtype of its buffers (float32, or float64 after ``.double()``) and masks with -inf. The
+release's CLS token gets a zero bias row and column (unbiased, never masked), as here.
+pe-bench computes the masks from the layout's coordinates rather than grid indices, so
+they also hold for interpolated (scaled) positions; tokens without a position (CLS) and
+padding get no bias and no mask, and a padding query row stays finite so nothing NaN can
+reach later layers. If a positioned query could see no admissible key at all (cross-
+attention layouts without its own position, causal masking), its row keeps the distance
+bias but drops the direction mask.
 
 The bias depends on r_j - r_i only (translation invariance), decreases with distance
 inside the field of view (distance decay) and depends on direction (directionality);
@@ -33,72 +82,146 @@ the masks break rotation invariance, and the N x N bias rules out the fused kern
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle
 from .registry import register
 
+#: Compass directions as (d_row, d_col) normals; "up" is -row on an image.
+COMPASS: dict[str, tuple[int, int]] = {
+    "up": (-1, 0),
+    "down": (1, 0),
+    "left": (0, -1),
+    "right": (0, 1),
+    "up_left": (-1, -1),
+    "up_right": (-1, 1),
+    "down_left": (1, -1),
+    "down_right": (1, 1),
+}
+
+_TRI_UP = ("up_left", "up_right")
+_TRI_DOWN = ("down_left", "down_right")
+_TRI_LEFT = ("up_left", "down_left")
+_TRI_RIGHT = ("up_right", "down_right")
+
+#: The release's head groups: per head, the compass directions whose closed half-planes
+#: its field of view intersects (no directions: unmasked). Order as in the release.
+HEAD_GROUPS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "halves": (("up",), ("down",), ("left",), ("right",)),
+    "diagonals": (("up_right",), ("up_left",), ("down_right",), ("down_left",)),
+    "corners": (("up", "left"), ("up", "right"), ("down", "left"), ("down", "right")),
+    "triangles": (_TRI_UP, _TRI_DOWN, _TRI_LEFT, _TRI_RIGHT),
+    "eighths1": (_TRI_UP + ("left",), _TRI_DOWN + ("left",), _TRI_LEFT + ("up",), _TRI_RIGHT + ("up",)),
+    "eighths2": (_TRI_UP + ("right",), _TRI_DOWN + ("right",), _TRI_LEFT + ("down",), _TRI_RIGHT + ("down",)),
+    "none": ((), (), (), ()),
+}
+HeadGroup = Literal["halves", "diagonals", "corners", "triangles", "eighths1", "eighths2", "none"]
+
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "lh180": ("halves", "diagonals", "none"),
+    "lh90": ("corners", "triangles", "none"),
+    "lh45": ("eighths1", "eighths2", "none"),
+}
+
 
 class LookHereOptions(EncodingOptions):
-    fov_degrees: float = Field(90.0, gt=0.0, le=360.0)
-    #: None: 360 / fov_degrees rounded, at least 4 (LookHere-180 uses 4 overlapping halves).
-    num_directions: int | None = Field(None, ge=1)
-    #: None: (fov / 2) mod 45, so that cone boundaries fall on multiples of 45 degrees.
-    direction_offset_degrees: float | None = None
-    global_slope: float = Field(1.0, ge=0.0)
+    variant: Literal["lh90", "lh180", "lh45", "custom"] = "lh90"
+    #: ``variant: custom`` only: the head groups, each a cycle of four directions.
+    head_groups: tuple[HeadGroup, ...] | None = None
+    global_slope: float = Field(2.0, ge=0.0)
     layer_slopes: tuple[float, float] = (1.5, 0.5)
-    head_slope_ratio: float = Field(0.5, gt=0.0)
+
+    @model_validator(mode="after")
+    def _groups_match_variant(self) -> LookHereOptions:
+        if self.variant == "custom":
+            if not self.head_groups:
+                raise ValueError("lookhere: variant 'custom' needs head_groups, e.g. [corners, triangles, none]")
+            if len(set(self.head_groups)) != len(self.head_groups):
+                raise ValueError(
+                    f"lookhere: head_groups {list(self.head_groups)} names a group twice; list it once "
+                    "(a group takes further cycles of four heads as the head count grows)"
+                )
+        elif self.head_groups is not None:
+            raise ValueError(
+                f"lookhere: variant {self.variant!r} fixes the head groups {list(VARIANTS[self.variant])}; "
+                "set variant: custom to choose head_groups"
+            )
+        return self
+
+    def groups(self) -> tuple[str, ...]:
+        return self.head_groups if self.variant == "custom" else VARIANTS[self.variant]
 
 
-def direction_order(count: int) -> list[int]:
-    """Order in which directions are handed to heads.
+def heads_per_group(num_groups: int, num_heads: int) -> list[int]:
+    """Heads each group receives: whole cycles of four dealt to the groups in turn, then
+    the remainder (< 4) to the next group in turn (see the module docstring)."""
+    counts = [0] * num_groups
+    dealt, turn = 0, 0
+    while dealt < num_heads:
+        take = min(4, num_heads - dealt)
+        counts[turn % num_groups] += take
+        dealt += take
+        turn += 1
+    return counts
 
-    For a power of two this is the bit-reversal (van der Corput) order, 0, 4, 2, 6, ... for
-    8: any prefix of heads then looks in directions spread around the circle, so a model
-    with fewer heads than directions is not blind to one half of the image.
-    """
-    if count & (count - 1):
-        return list(range(count))
-    bits = max(count.bit_length() - 1, 0)
-    return [int(f"{k:0{bits}b}"[::-1], 2) if bits else 0 for k in range(count)]
+
+def head_slope(group: str, index: int, group_size: int) -> float:
+    """m_h of the ``index``-th head of a group of ``group_size`` heads (release's get_slopes
+    and get_none_slopes, extended to any group size)."""
+    if group == "none":
+        return 4.0 ** -(1 + index // math.ceil(group_size / 4))
+    return 2.0 ** -(1 + index // 4)
+
+
+def head_layout(groups: Sequence[str], num_heads: int) -> list[tuple[tuple[str, ...], float]]:
+    """Per head, group by group: (compass directions of its field of view, head slope m_h)."""
+    heads = []
+    for group, size in zip(groups, heads_per_group(len(groups), num_heads), strict=True):
+        for j in range(size):
+            heads.append((HEAD_GROUPS[group][j % 4], head_slope(group, j, size)))
+    return heads
 
 
 class LookHereLayer(LayerEncoding):
     def __init__(self, num_heads: int, options: LookHereOptions, layer_slope: float) -> None:
         super().__init__()
-        fov = options.fov_degrees
-        count = options.num_directions or max(4, round(360.0 / fov))
-        offset = options.direction_offset_degrees
-        if offset is None:
-            offset = (fov / 2.0) % 45.0
-        order = direction_order(count)
-        angles = torch.tensor(
-            [math.radians(offset + 360.0 * order[h % count] / count) for h in range(num_heads)], dtype=torch.float64
-        )
-        # (d_row, d_col) of each head's direction: "up" is -row on an image.
-        directions = torch.stack([-torch.sin(angles), torch.cos(angles)], dim=-1)
-        head_slopes = torch.tensor(
-            [options.head_slope_ratio ** (1 + h // count) for h in range(num_heads)], dtype=torch.float64
-        )
-        self.register_buffer("directions", directions.float(), persistent=False)
-        self.register_buffer("slopes", (options.global_slope * layer_slope * head_slopes).float(), persistent=False)
-        self.cos_half_fov = math.cos(math.radians(fov / 2.0))
-        self.direction_angles_degrees = [math.degrees(a) % 360.0 for a in angles.tolist()]
+        heads = head_layout(options.groups(), num_heads)
+        width = max(1, max(len(directions) for directions, _ in heads))
+        # (H, K, 2) half-plane normals; zero rows pad heads with fewer than K constraints
+        # (0 . d >= 0 always holds), so an unmasked head has only zero rows.
+        normals = torch.zeros(num_heads, width, 2)
+        for h, (directions, _) in enumerate(heads):
+            for k, name in enumerate(directions):
+                normals[h, k] = torch.tensor(COMPASS[name], dtype=normals.dtype)
+        slopes = torch.tensor([options.global_slope * layer_slope * m for _, m in heads], dtype=torch.float64)
+        self.register_buffer("normals", normals, persistent=False)
+        self.register_buffer("slopes", slopes.float(), persistent=False)
+        self.fields_of_view = [directions for directions, _ in heads]
 
     def visibility(self, delta: Tensor, dist: Tensor) -> Tensor:
         """(B, Nq, Nk, 2) offsets r_j - r_i -> (B, H, Nq, Nk) True where j is in head h's view."""
-        along = torch.einsum("bqkp,hp->bhqk", delta, self.directions)
-        # Boundary rays lie on multiples of 45 degrees, where float round-off can put a
-        # grid cell a hair outside: a relative tolerance keeps boundaries inside the view.
-        return along >= (self.cos_half_fov - 1e-5) * dist.unsqueeze(1)
+        # The normals are integer vectors, so on integer grids n . d is exact and the
+        # boundary rays are exactly inside; the small relative slack keeps boundary keys
+        # inside when positions were scaled (interpolation) and round-off breaks the tie.
+        slack = 64 * torch.finfo(delta.dtype).eps * dist.unsqueeze(1)
+        visible = None
+        for k in range(self.normals.shape[1]):
+            normal = self.normals[:, k]  # (H, 2)
+            along = torch.einsum("bqkp,hp->bhqk", delta, normal)
+            inside = along >= -slack * normal.norm(dim=-1)[None, :, None, None]
+            visible = inside if visible is None else visible & inside
+        return visible
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
         query, key = inputs.query, inputs.key
-        cq = query.coords.float()
-        ck = cq if key is query else key.coords.float()
+        # Positions in the buffers' dtype: float64 after model.double(), float32 otherwise.
+        cq = query.coords.to(self.slopes.dtype)
+        ck = cq if key is query else key.coords.to(self.slopes.dtype)
         delta = ck.unsqueeze(1) - cq.unsqueeze(2)  # (B, Nq, Nk, 2): r_j - r_i
         dist = delta.norm(dim=-1)
         visible = self.visibility(delta, dist)
@@ -139,8 +262,8 @@ class LookHere(PositionEncoding):
         if opts.global_slope == 0 or 0 in opts.layer_slopes:
             # A zero slope somewhere leaves that layer's heads with masks but no decay.
             claims.discard(Principle.DISTANCE_DECAY)
-        if opts.fov_degrees >= 360:
-            claims.discard(Principle.DIRECTIONALITY)
+        if all(not directions for directions, _ in head_layout(opts.groups(), self.num_heads)):
+            claims.discard(Principle.DIRECTIONALITY)  # only unmasked heads: plain 2D-ALiBi
         return frozenset(claims)
 
     def make_layer(self, layer_index: int) -> LayerEncoding:

@@ -1,4 +1,8 @@
-"""No position encoding: the transformer sees a bag of tokens (the control experiment)."""
+"""No position encoding: the transformer sees a bag of tokens (the control experiment).
+
+CLS: nothing is positional, so the CLS is treated like every other token, as in any
+reference without positions.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""PaPE: Parabolic Position Encoding (Øhrstrøm et al., pape.txt Section 4).
+"""PaPE: Parabolic Position Encoding (Øhrstrøm et al., "Where to Attend: A Principled
+Vision-Centric Position Encoding with Parabolas", arXiv 2602.01418, Section 4).
 
 Logits (Eq. 9):  S_ij = <a_i, Δr_ij^2> + <b_i, Δr_ij> + <q_i, k_j>,  Δr_ij = W_p (r_j - r_i)
 with a_i = -softplus(W_a x_i) (Eq. 7) and b_i = W_b x_i (Eq. 8), per layer and head.
@@ -35,6 +36,13 @@ Two forms, selected by ``form``:
 The ablations of Table 2 are options: ``quadratic``/``linear`` drop a term, ``context``
 False learns a and b per layer and head but shares them across tokens, ``softplus`` False
 removes a's activation, ``project`` False removes W_p (m = P). ``m`` is Table 3's m.
+
+CLS: pe-bench keeps tokens without a position out of the bias: a and b of a CLS query are
+zeroed and a CLS key's positional channels are zero, so the CLS row and column carry no
+positional term. The official code (DTU-PAS/parabolic-position-encoding) gives the CLS
+the position (0, 0), next to patches at (1..W, 1..H), and encodes it like any token, so
+there the CLS's logits depend on its offsets to the patches; it also uses the raw
+positions where pe-bench centres them on the keys (exact by translation invariance).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""PaPE-RI: the rotation-invariant instantiation of PaPE (pape.txt Section 4, Appendix A.1).
+"""PaPE-RI: the rotation-invariant instantiation of PaPE (Øhrstrøm et al., "Where to Attend:
+A Principled Vision-Centric Position Encoding with Parabolas", arXiv 2602.01418, Section 4
+and Appendix A.1).
 
 PaPE's Eq. 9 under the constraints b_i = 0, a_il = α_i < 0 for all l, W_p = w_p I_P:
 
@@ -16,21 +18,36 @@ Two forms, selected by ``form``:
       f_q = q_i ⊕ α_i|s_i|^2 ⊕ α_i ⊕ (-2 α_i s_i)
       f_k = k_j ⊕ 1         ⊕ |s_j|^2 ⊕ s_j
   <f_q, f_k> = <q_i, k_j> + α_i (|s_i|^2 + |s_j|^2 - 2 s_i·s_j) = <q_i, k_j> + α_i |s_j - s_i|^2.
-  That is h + P + 2 channels instead of PaPE's h + 2m + 1 (no b terms, |s|^2 is one
-  channel because α is shared). The widened head is zero-padded to ``pad_to``. As in
-  pape.py, positions are first expressed relative to the mean key position, which is exact
-  (translation invariance) and keeps |s|^2 small for low-precision arithmetic.
+  That is h + P + 2 channels instead of the official code's h + 2P + 1 (it repeats α_i
+  over the P channels that meet |s_j|^2's components). The widened head is zero-padded to
+  ``pad_to``. As in pe-bench's PaPE, positions are first expressed relative to the mean
+  key position, which is exact (translation invariance) and keeps |s|^2 small for
+  low-precision arithmetic; the official code uses the raw positions.
   With 16-bit q/k the same cancellation α_i(|s_i|^2 + |s_j|^2 - 2 s_i·s_j) would happen in
   bf16; ``low_precision`` "split" (default) carries the extra features as hi + lo 16-bit
   pairs so that it happens in the kernel's float32 accumulator, as pape.py's ``widen_heads``.
 * ``explicit``: α_i w_p^2 ||r_j - r_i||^2 built directly as a (B, H, Nq, Nk) bias from the
   pairwise distances (independently of the factorisation above): the test oracle.
 
-Initialisation (the paper gives none for w_p): w_p of head h is 2^(-4h/H), h = 1..H, so
-w_p^2 runs over ALiBi's head slopes 2^(-8h/H): every head decays from step 0 (a random w_p
-near zero would switch a head's decay off), and heads span local to global scales like
-nD-ALiBi, PaPE-RI's closest relative (Appendix D). w_α starts as nn.Linear's default, so
-α_i ≈ -softplus(0) = -log 2 at first.
+Initialisation of w_p, selected by ``wp_init`` (the paper states none):
+
+* ``official`` (default), as the authors' code (DTU-PAS/parabolic-position-encoding,
+  ``pape/nn/positions/pape_ri.py``): per layer and head w_p ~ U(-1/sqrt(P), 1/sqrt(P)),
+  drawn from torch's global generator when the layer is built (so the run's seed fixes
+  it) and registered as a buffer: w_p is *not trained*, and it is saved in checkpoints.
+  Only w_p^2 enters, so a head's decay rate w_p^2 is U(0, 1/P)-like, and a head whose
+  draw lands near 0 barely decays.
+* ``geometric``: pe-bench's earlier choice, a learnable w_p = 2^(-4h/H), h = 1..H, so
+  w_p^2 runs over ALiBi's head slopes 2^(-8h/H): every head decays from step 0 and heads
+  span local to global scales like nD-ALiBi, PaPE-RI's closest relative (Appendix D).
+
+w_α starts as nn.Linear's default in both (as in the official code), so α_i ≈ -log 2 at first.
+
+Position-free tokens. pe-bench keeps CLS (and other prefix tokens) position-free: α of a
+CLS query is zeroed and a CLS key contributes no positional channel, so the CLS row and
+column carry no bias. The official ImageNet classifier instead gives CLS the position
+(0, 0) next to patches at (1..W, 1..H), so there the CLS query decays with its keys'
+distance to that corner and patches see the CLS key as a token at (0, 0).
 """
 
 from __future__ import annotations
@@ -50,18 +67,25 @@ from .registry import register
 class PaPERIOptions(EncodingOptions):
     form: Literal["efficient", "explicit"] = "efficient"
     pad_to: int = 8
+    #: official: frozen w_p ~ U(±1/sqrt(P)) (the authors' code); geometric: learnable 2^(-4h/H).
+    wp_init: Literal["official", "geometric"] = "official"
     #: widened features with 16-bit q/k: "split" (hi + lo, float32-accurate) or "round" (pape.py).
     low_precision: Literal["split", "round"] = "split"
 
 
 class ParabolicRILayer(LayerEncoding):
-    def __init__(self, dim: int, num_heads: int, options: PaPERIOptions) -> None:
+    def __init__(self, dim: int, num_heads: int, pos_dim: int, options: PaPERIOptions) -> None:
         super().__init__()
         self.options = options
         self.num_heads = num_heads
         self.w_alpha = nn.Linear(dim, num_heads, bias=False)
-        heads = torch.arange(1, num_heads + 1, dtype=torch.float32)
-        self.w_p = nn.Parameter(2.0 ** (-4.0 * heads / num_heads))
+        if options.wp_init == "official":
+            bound = 1.0 / math.sqrt(pos_dim)
+            # A persistent buffer: frozen, but a checkpoint keeps the random draw.
+            self.register_buffer("w_p", torch.empty(num_heads).uniform_(-bound, bound))
+        else:
+            heads = torch.arange(1, num_heads + 1, dtype=torch.float32)
+            self.w_p = nn.Parameter(2.0 ** (-4.0 * heads / num_heads))
 
     def alpha(self, inputs: AttentionInputs) -> Tensor:
         """α_i = -softplus(w_α x_i), zero for queries without a position: (B, H, Nq, 1)."""
@@ -123,4 +147,4 @@ class ParabolicRIEncoding(PositionEncoding):
         return self.principles
 
     def make_layer(self, layer_index: int) -> LayerEncoding:
-        return ParabolicRILayer(self.dim, self.num_heads, self.options)
+        return ParabolicRILayer(self.dim, self.num_heads, self.geometry.pos_dim, self.options)

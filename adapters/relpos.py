@@ -1,4 +1,7 @@
-"""Learnable relative-position bias (Shaw et al. 2018 style; CAPE's *relpos* baseline, cape.txt 5.2).
+"""Learnable relative-position bias in the style of Shaw et al. ("Self-Attention with Relative
+Position Representations", arXiv 1803.02155); CAPE's *relpos* baseline ("CAPE: Encoding
+Relative Positions with Continuous Augmented Positional Embeddings", arXiv 2106.03143,
+Section 5.2).
 
 Per layer and head, one learnable scalar per clipped integer offset vector:
 
@@ -15,7 +18,8 @@ Shaw et al.'s clipping.
 ``window``: one int for every axis or one per axis. Default None: the training grid's
 extent n_p - 1 per axis (every offset seen in training has its own cell, as Swin's table),
 or 16 per axis for irregular positions. Table init: truncated normal, std 0.02 (Swin's).
-Rows and columns of tokens without a position (CLS) get zero bias.
+CLS: rows and columns of tokens without a position get zero bias. Shaw et al. and CAPE's
+relpos baseline (speech, translation) have no CLS to compare with.
 
 FlexAttention form (``score_mod``): the cell index of each (query, key) pair is computed
 inside the kernel from the coordinates and looks up T_h there; memory stays linear.

@@ -1,9 +1,20 @@
-"""Axial RoPE (Su et al. 2024; Chu et al. 2024 / Heo et al. 2024 for nD).
+"""Axial RoPE (Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding",
+arXiv 2104.09864; for nD, Chu et al., "VisionLLaMA: A Unified LLaMA Backbone for Vision
+Tasks", arXiv 2403.00522, and Heo et al., "Rotary Position Embedding for Vision
+Transformer", arXiv 2403.13298).
 
 The head is split into P equal groups of rotation pairs, one group per coordinate; pair k
-of a group rotates by coord * base^(-k / pairs_per_axis). Tokens without position get the
-identity rotation at the centroid of the keys (see ``RotaryLayer``). Scores between
-positioned tokens depend on positions only through r_j - r_i.
+of a group rotates by coord * base^(-k / pairs_per_axis). Scores between positioned
+tokens depend on positions only through r_j - r_i.
+
+CLS: tokens without position get the identity rotation in a frame centred on the mean
+position of the valid positioned keys (see ``RotaryLayer``), i.e. the CLS behaves like a
+token at that centroid. Its logits with a patch therefore depend on the patch's offset
+from the centroid of the *valid keys*: masking keys (padding, dropped tokens, another key
+set in cross-attention) moves the centroid and changes the CLS's logits, though not the
+logits between patches. Heo et al.'s code (rope-vit) leaves the CLS unrotated with patch
+positions from 0, i.e. at the top-left patch's position; the official PaPE code rotates
+every token with the CLS at (0, 0) and patches at (1..W, 1..H).
 
 Cost: every layer recomputes the same angles and cos/sin tables from the same layout.
 Compiled (``trainer.compile``, on by default on CUDA), AOTAutograd's common-subexpression

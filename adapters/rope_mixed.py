@@ -1,4 +1,4 @@
-"""RoPE-Mixed (Heo et al. 2024, "Rotary Position Embedding for Vision Transformer").
+"""RoPE-Mixed (Heo et al., "Rotary Position Embedding for Vision Transformer", arXiv 2403.13298).
 
 Rotation pair f of head h in layer l turns by the angle <θ_{l,h,f}, r>, with θ_{l,h,f} in R^P
 a learnable frequency *vector*: unlike axial RoPE, a pair can mix the position axes, so each
@@ -11,7 +11,11 @@ positioned keys: positions are rotated as r - mean(r_keys) (shared by queries an
 exact for pairs of positioned tokens). Rotating by absolute r would put the CLS at the
 absolute origin, and translating all patches would change its logits; centred, a
 translation changes no logit at all, the CLS's included. Smaller angles are also more
-precise in low precision.
+precise in low precision. The centroid is that of the *valid* keys, so masking keys
+(padding, dropped tokens, cross-attention onto another key set) changes the CLS's logits.
+The official rope-vit code leaves the CLS unrotated with patch positions from 0 (the CLS
+sits at the top-left patch); the official PaPE code rotates it at (0, 0) with patches at
+(1..W, 1..H).
 
 Initialisation (our generalisation of rope-vit's ``init_2d_freqs`` to any P): the F rotated
 pairs form ``levels = head_dim // (2P)`` magnitude levels times P directions. Level l has

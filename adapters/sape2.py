@@ -1,4 +1,5 @@
-"""SaPE²: 2D Semantic-aware Position Encoding (Chen et al., sape2.txt Section 3, Appendix D).
+"""SaPE²: 2D Semantic-aware Position Encoding (Chen et al., "A 2D Semantic-Aware Position
+Encoding for Vision Transformers", arXiv 2505.09466, Section 3, Appendix D).
 
 CoPE (adapters/cope.py) run along each image axis, then compared across the image. For
 the x axis (rows share y), with d the head width and the probe v_i = q_i (``mode="q"``,
@@ -34,7 +35,8 @@ Decisions:
 * ``abspos`` adds the learnable absolute embedding of adapters/abspos.py (the paper's
   best model, "SaPE² + APE", Table 1).
 
-CLS and padding never count in the gates and get no bias. The bias depends on the
+CLS and padding never count in the gates and get no bias (Appendix D's code takes a square
+grid of patch tokens only, seq_len = H W, so the paper's CLS handling is not shown). The bias depends on the
 positions only through equal rows/columns and column/row offsets from the grid's origin,
 so it is invariant to global translations; it is content-dependent (context awareness).
 It is symmetric in (i, n) and vanishes for constant content, so neither directionality

@@ -1,5 +1,11 @@
-"""nD-sincos (Wang & Liu, 2021): the model width split evenly across the P coordinates,
-each part a 1D sinusoidal embedding (Vaswani et al.) of its coordinate, added to the input."""
+"""nD-sincos (Wang and Liu, "Translating Math Formula Images to LaTeX Sequences Using Deep
+Neural Networks with Sequence-level Training", IJDAR 2021): the model width split evenly
+across the P coordinates, each part a 1D sinusoidal embedding (Vaswani et al., "Attention
+Is All You Need", arXiv 1706.03762) of its coordinate, added to the input.
+
+CLS: tokens without a position get no embedding. The official PaPE code's sincos
+encodes the CLS at position (0, 0), i.e. adds sin(0) = 0 and cos(0) = 1 features to it.
+"""
 
 from __future__ import annotations
 

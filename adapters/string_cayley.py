@@ -1,4 +1,4 @@
-"""Cayley-STRING (string.txt Section 3.2, Example 1): z -> RoPE(r) P z, P = (I - S)(I + S)^{-1}.
+"""Cayley-STRING (STRING, arXiv 2502.02562, Section 3.2, Example 1): z -> RoPE(r) P z, P = (I - S)(I + S)^{-1}.
 
 S is a learnable antisymmetric head_dim x head_dim matrix per layer and head, stored as its
 d(d-1)/2 upper-triangle entries (so every stored number is a free parameter); the Cayley
@@ -10,6 +10,9 @@ learn a full frequency vector per rotation pair (rope_mixed's form, which is the
 product of per-axis RoPEs of Eq. 5 with learnable frequencies), initialised to rope.py's
 axial frequencies (base 100). S starts at 0, so P = I and Cayley-STRING starts as axial
 RoPE exactly; ``learn_frequencies`` False freezes the RoPE frequencies.
+
+CLS: as in _string.py, R(0) at the centroid of the valid keys; the CLS still gets the
+position-free basis change P.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Circulant-STRING (string.txt Section 3.2, Example 2 and Theorem 3.5).
+"""Circulant-STRING (Schenck et al., "Learning the RoPEs: Better 2D and 3D Position Encodings
+with STRING", arXiv 2502.02562, Section 3.2, Example 2 and Theorem 3.5).
 
 Generators L_k = C_k - C_k^T with C_k circulant, one per position axis k, per layer and head;
 z -> exp(Σ_k r_k L_k) z. As in the paper's experiments (Appendix E) the head is split into
@@ -20,6 +21,8 @@ Initialisation (the paper gives none): u is chosen so that the rotating Fourier 
 axial RoPE's frequency ladder: plane j turns with axis j // levels at base^(-(j % levels) /
 levels), levels = planes // P (leftover planes start at 0 and may learn). By Theorem 3.4 this
 is exactly axial RoPE in the blockwise Fourier basis, the same start as Cayley-STRING.
+
+CLS: as in _string.py, the identity at the centroid of the valid keys.
 """
 
 from __future__ import annotations

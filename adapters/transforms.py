@@ -1,9 +1,11 @@
 """Position transforms, separate from the encodings so any encoding can use them.
 
 * ``mean_normalize``:    subtract each sequence's mean position (CAPE step i).
-* ``cape_augment``:      CAPE's global shift, local shift and global scale (cape.txt Eq. 5-7).
+* ``cape_augment``:      CAPE's global shift, local shift and global scale (Eq. 5-7 of
+                         "CAPE: Encoding Relative Positions with Continuous Augmented
+                         Positional Embeddings", arXiv 2106.03143).
 * ``grid_to_unit``:      grid indices -> [-1, 1] per axis (CAPE's image coordinates).
-* ``interpolate``:       multiply positions by train/test resolution (PaPE Appendix B).
+* ``interpolate``:       multiply positions by train/test resolution (PaPE, arXiv 2602.01418, Appendix B).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def cape_augment(
     generator: torch.Generator | None = None,
 ) -> PositionLayout:
     """x' = λ (x + Δ + ε_i): Δ ~ U(±Δmax) per sequence and axis, ε_i ~ U(±εmax) per token and
-    axis, log λ ~ U(±log λmax) per sequence (cape.txt Section 4 and Appendix A)."""
+    axis, log λ ~ U(±log λmax) per sequence (CAPE, arXiv 2106.03143, Section 4 and Appendix A)."""
     if max_scale < 1:
         raise ValueError(f"CAPE max_scale must be >= 1, got {max_scale}")
     coords = layout.coords
@@ -55,5 +57,5 @@ def cape_augment(
 
 
 def interpolate(layout: PositionLayout, factor: float) -> PositionLayout:
-    """Position interpolation: scale positions by train/test resolution (PaPE Appendix B)."""
+    """Position interpolation: scale positions by train/test resolution (PaPE, arXiv 2602.01418, Appendix B)."""
     return layout.with_coords(layout.coords * factor)

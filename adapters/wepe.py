@@ -1,4 +1,5 @@
-"""WePE: Weierstrass elliptic Positional Encoding (wepe.txt Section II-A/II-B), pre-training form.
+"""WePE: Weierstrass elliptic Positional Encoding ("Weierstrass Positional Encoding for Vision
+Transformers", arXiv 2605.23719, Section II-A/II-B), pre-training form.
 
 For a patch in column c of W and row r of H:
 
@@ -24,7 +25,7 @@ For a patch in column c of W and row r of H:
    patch tokens (Eq. 10).
 
 ``mode="lut"``: the compressed field tanh(s f) is tabulated on a ``lut_size`` x ``lut_size``
-grid over [0, 1]^2 and sampled with bilinear ``grid_sample`` (wepe.txt Section III-B,
+grid over [0, 1]^2 and sampled with bilinear ``grid_sample`` (the paper's Section III-B,
 WePE-LUT). During training the table is rebuilt from the current parameters each step, so
 omega_2 and s still receive gradients through it (its cost does not grow with batch or
 grid); without gradients it is cached until a parameter changes. Outside [0, 1]^2 the
@@ -36,7 +37,7 @@ on a few features (128: up to ~0.5; 512: up to ~0.03); raise lut_size where it m
 CLS: the paper gives the classification token "a separate learnable encoding". This is
 the one place the protocol's position-free CLS is satisfied by a dedicated embedding, not
 a position: every token without a position (CLS, registers) receives the same learned
-vector, which carries no coordinate information. Padding receives nothing.
+vector, which carries no coordinate information, as the paper does. Padding receives nothing.
 
 WePE is an absolute encoding added to the input, so only the fused kernel is claimed: the
 paper's "local attenuation" (Section II-D) is a property of encoding similarity inside one

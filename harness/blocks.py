@@ -79,16 +79,42 @@ class TransformerEncoder(nn.Module):
         )
         self.norm = nn.LayerNorm(dim)
 
-    def forward(self, x: Tensor, layout: PositionLayout) -> Tensor:
+    def _input(self, x: Tensor, layout: PositionLayout) -> tuple[Tensor, PositionLayout]:
+        """The input path every layer sees: prepared positions, embedded tokens, zeroed padding."""
         layout = self.encoding.prepare(layout)
         x = self.encoding.embed(x, layout)
         if layout.valid is not None:
             # Padding tokens carry zeros so nothing in them can leak anywhere.
             # (torch.where, not a product, so that even NaN in padding is cleared.)
             x = torch.where(layout.valid.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device))
+        return x, layout
+
+    def forward(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        x, layout = self._input(x, layout)
         for block in self.blocks:
             x = block(x, layout)
         return self.norm(x)
+
+    def layer_logits(
+        self, x: Tensor, layout: PositionLayout, layer: int = 0, perturbation: Tensor | None = None
+    ) -> Tensor:
+        """Pre-softmax logits (B, H, N, N) of block ``layer``'s attention, masked entries -inf,
+        on exactly the path :meth:`forward` takes to that block.
+
+        ``perturbation`` (B, N, dim) is added to the normalised tokens entering that attention,
+        for sensitivity analyses (the conformance suite's context-awareness). This builds the
+        N x N matrix explicitly: for analysis and tests, never for training.
+        """
+        if not -len(self.blocks) <= layer < len(self.blocks):
+            raise IndexError(f"layer={layer} is out of range for an encoder of depth {len(self.blocks)}")
+        x, layout = self._input(x, layout)
+        for block in self.blocks[:layer]:
+            x = block(x, layout)
+        block = self.blocks[layer]
+        tokens = block.norm1(x)
+        if perturbation is not None:
+            tokens = tokens + perturbation
+        return block.attn.logits(tokens, layout)
 
 
 class DecoderBlock(nn.Module):

@@ -1,11 +1,12 @@
 """``pe-bench``: the command line.
 
 pe-bench run --tasks all --methods pape,rope,cape [--profile tiny|paper] [--seeds 0,1,2]
-             [--out DIR] [--data-root DIR] [--set optim.epochs=5 ...]
-pe-bench table [--out DIR]
+             [--out DIR] [--data-root DIR] [--set [TASK:]optim.epochs=5 ...] [-c FILE] [--dry-run]
+             [--jobs N|auto] [--executor local|ray|slurm]
+pe-bench table [--out DIR] [--ci 95] [--no-significance] [--paper pape:table1]
 pe-bench list tasks|methods
-pe-bench bench [--model tiny|vit-s|vit-b] [--methods ...] [--sweep 256,1024,4096] [--compile]
-               [--throughput] [--pape-precision]
+pe-bench bench [--model tiny|vit-s|vit-b] [--methods ...] [--threads N] [--sweep 256,1024,4096]
+               [--compile] [--throughput] [--pape-precision]
 pe-bench principles [--methods ...]
 pe-bench check NAME
 """
@@ -25,28 +26,109 @@ def _seeds(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--seeds expects integers like 0,1,2, got {text!r}") from None
 
 
+def _confidence(text: str) -> float:
+    """``--ci 95`` (percent) -> 0.95."""
+    try:
+        level = float(text.rstrip("%"))
+    except ValueError:
+        level = float("nan")
+    if not 0 < level < 100:
+        raise argparse.ArgumentTypeError(f"--ci expects a confidence level in percent, like 95, got {text!r}")
+    return level / 100
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pe-bench")
+    except PackageNotFoundError:  # running from a checkout that is not installed
+        from pe_bench import __version__
+
+        return __version__
+
+
 def _ints(text: str) -> list[int]:
     return [int(s) for s in text.split(",") if s.strip()]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pe-bench", description=__doc__.split("\n\n")[0].strip())
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="train and evaluate a grid of tasks x methods x seeds")
     run.add_argument("--tasks", help="comma-separated tasks or a group (all, pape-table1, ...)")
     run.add_argument("--methods", help="comma-separated encodings, NAME[key=value,...] or all")
     run.add_argument("--study", help="a ready-made grid instead of --tasks/--methods: pape-ablation, pape-m, univit")
-    run.add_argument("--profile", default="tiny", help="tiny (default, no download) or paper (real datasets)")
-    run.add_argument("--seeds", type=_seeds, default=[0])
+    run.add_argument(
+        "--profile",
+        default="tiny",
+        help="tiny (default): small generated or packaged stand-in data, no download, minutes on a CPU; "
+        "paper: the papers' models and hyperparameters on the real datasets under --data-root. "
+        "`pe-bench list tasks` shows each task's profiles",
+    )
+    run.add_argument(
+        "--seeds",
+        type=_seeds,
+        default=[0],
+        metavar="S[,S...]",
+        help="comma-separated seeds, e.g. 0,1,2 (default: 0); one cell per seed, tables show mean ± std",
+    )
     run.add_argument("--out", type=Path, default=None, help="results folder (default: results, results/studies/NAME)")
     run.add_argument("--data-root", type=Path, default=None, help="folder holding the real datasets")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="[TASK:]KEY=VALUE",
+        help="override a config key for every task (optim.lr=1e-3) or for one task (imagenet:optim.lr=1e-3); "
+        "repeatable",
+    )
+    run.add_argument(
+        "-c",
+        "--config",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="YAML file of overrides per task, 'all' for every task, e.g. "
+        "{all: {optim: {epochs: 5}}, imagenet: {optim: {lr: 1.0e-3}}}; repeatable. "
+        "A task's own overrides beat 'all'; --set beats the files",
+    )
+    run.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bars (default: on a terminal); without them a line per epoch is printed",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what each cell would do (train, reuse, retry, n/a, conflict) and train nothing",
+    )
+    run.add_argument(
+        "--jobs", type=_jobs, default=1, metavar="N|auto",
+        help="cells at once on this machine, each in its own process (auto: one per CPU core; default 1)",
+    )  # fmt: skip
+    run.add_argument("--executor", choices=["local", "ray", "slurm"], default="local",
+                     help="local (this machine; see --jobs), ray (a Ray cluster) or slurm (a job array via submitit)")
+    run.add_argument("--address", default=None, help="Ray cluster address (default: start or join a local one)")
+    run.add_argument("--gpu-share", type=float, default=1.0, metavar="F",
+                     help="fraction of a GPU one cell takes (0.25: four cells per GPU)")
+    run.add_argument("--slurm-partition", default=None, help="sbatch partition of the job array")
 
     table = sub.add_parser("table", help="render the result matrix from stored runs")
     table.add_argument("--out", type=Path, default=Path("results"))
     table.add_argument("--paper", default=None, help="also compare with a published table, e.g. pape:table1")
+    table.add_argument("--ci", type=_confidence, default=None, metavar="LEVEL", help="show ± a t-interval, e.g. 95")
+    table.add_argument(
+        "--significance",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="bold every cell not significantly different from the best (paired t-test; default on)",
+    )
+    table.add_argument("--alpha", type=float, default=0.05, help="significance level of the paired test")
 
     papers = sub.add_parser("papers", help="list the papers' published tables, or print one")
     papers.add_argument("ref", nargs="?", default=None, help="e.g. pape:table5")
@@ -64,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--methods", default=None, help="default: PaPE Table 4's encodings, PaPE for m 2..64")
     bench.add_argument("--batch", type=_ints, default=[1, 32], help="inference batch sizes (time per image)")
     bench.add_argument("--train-batch", type=int, default=32, help="training-step batch; 0 leaves it out")
-    bench.add_argument("--repeats", type=int, default=10)
+    bench.add_argument("--repeats", type=int, default=10, help="timed samples per figure (median and IQR)")
+    bench.add_argument("--threads", type=int, default=None, help="torch CPU threads while timing (default: torch's)")
     bench.add_argument("--image-size", type=int, default=None)
     bench.add_argument("--device", default="cuda" if _cuda() else "cpu")
     bench.add_argument("--sweep", type=_ints, default=None, help="token counts for the attention-layer sweep")
@@ -102,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _cuda() -> bool:
     import torch
 
@@ -109,15 +198,17 @@ def _cuda() -> bool:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from pe_bench.harness.grid.loggers import require_trackers
     from pe_bench.harness.grid.methods import parse_methods
     from pe_bench.harness.grid.runner import GridRequest, run_grid
     from pe_bench.harness.grid.store import STATUS_DIVERGED, STATUS_FAILED
     from pe_bench.harness.reports.tables import write_tables
     from pe_bench.tasks import get_task, resolve_tasks
 
-    from .config import deep_merge, load_run_config, load_study, parse_overrides
+    from .config import ALL_TASKS, deep_merge, load_run_config, load_study, override_scope, task_overrides
 
-    overrides = parse_overrides(args.set)
+    scoped = task_overrides(args.set, args.config)
+    overrides = scoped.pop(ALL_TASKS, {})
     if args.study:
         study = load_study(args.study)
         args.tasks = args.tasks or ",".join(study.tasks)
@@ -130,15 +221,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("error: give --tasks and --methods, or --study NAME", file=sys.stderr)
         return 2
     methods = parse_methods(args.methods)
+    if not methods:
+        print(f"error: --methods {args.methods!r} selects no method; give e.g. --methods rope,pape or all",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if not args.seeds:
+        print("error: --seeds selects no seed; give e.g. --seeds 0 or --seeds 0,1,2", file=sys.stderr)
+        return 2
+    args.seeds = list(dict.fromkeys(args.seeds))  # a repeated seed is one cell
     tasks = resolve_tasks(args.tasks)
     if not tasks:
         print("error: no implemented task selected", file=sys.stderr)
         return 2
-    for name in tasks:  # fail fast: configs valid and data present before any training
-        task = get_task(name)(load_run_config(name, args.profile, overrides), args.data_root)
-        task.check_data()
+    _check_override_scopes(scoped, {override_scope(pair) for pair in args.set}, tasks)
     progress = sys.stdout.isatty() if args.progress is None else args.progress
-    request = GridRequest(tasks, methods, args.profile, args.seeds, args.out, args.data_root, overrides, progress)
+    request = GridRequest(
+        tasks, methods, args.profile, args.seeds, args.out, args.data_root, overrides, progress,
+        task_overrides={task: tree for task, tree in scoped.items() if task in tasks},
+    )  # fmt: skip
+    for name in tasks:  # fail fast: configs valid, trackers installed, data present before any training
+        config = load_run_config(name, args.profile, request.overrides_for(name))
+        require_trackers(config.trainer.logger)
+        get_task(name)(config, args.data_root).check_data()
+    if args.dry_run:
+        from pe_bench.harness.grid.plan import CONFLICT, format_plan, plan_grid
+
+        planned = plan_grid(request)
+        print(format_plan(request, planned))
+        return 2 if any(cell.action == CONFLICT for cell in planned) else 0
+    request.executor = _executor(args)
     records = run_grid(request)
     print()
     print(write_tables(args.out))
@@ -150,18 +261,72 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _jobs(text: str) -> int:
+    from pe_bench.harness.grid.executor import auto_jobs
+
+    if text == "auto":
+        return auto_jobs()
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--jobs takes a positive number or auto, got {text!r}")
+    return int(text)
+
+
+def _executor(args: argparse.Namespace):
+    """None (cells one after the other in this process) or the executor the flags ask for."""
+    from pe_bench.harness.grid import executor
+
+    if args.executor == "ray":
+        return executor.RayExecutor(args.address, gpu_share=args.gpu_share)
+    if args.executor == "slurm":
+        return executor.SlurmExecutor(executor.SlurmSettings(partition=args.slurm_partition))
+    if args.jobs > 1:
+        gpus = list(range(torch_cuda_devices()))
+        return executor.ParallelExecutor(args.jobs, gpus=gpus or None, gpu_share=args.gpu_share)
+    return None
+
+
+def torch_cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _check_override_scopes(scoped: dict, from_command_line: set[str], tasks: list[str]) -> None:
+    """Every scope names a task; one typed on the command line also names a task of this grid
+    (a file may hold overrides for tasks of other grids)."""
+    from pe_bench.tasks import get_task
+
+    for scope in scoped:
+        try:
+            get_task(scope)
+        except KeyError as err:  # names the known tasks and a close match
+            raise ValueError(f"overrides for {scope!r} (use a task name or 'all'): {err.args[0]}") from None
+        if scope in from_command_line and scope not in tasks:
+            raise ValueError(f"--set {scope}:...: {scope} is not a task of this grid ({', '.join(tasks)})")
+
+
 def cmd_table(args: argparse.Namespace) -> int:
     from pe_bench.harness.grid.store import load_records
     from pe_bench.harness.reports.tables import write_extra_tables, write_tables
 
-    print(write_tables(args.out))
+    if not load_records(args.out):  # a mistyped --out must not print an empty table as if all is well
+        where = "holds no readable results" if (args.out / "runs").is_dir() else "has no results (no runs/ folder)"
+        print(f"error: {args.out} {where}; check --out, or run `pe-bench run --out {args.out} ...` first",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if not 0 < args.alpha < 1:
+        raise ValueError(f"--alpha must lie between 0 and 1, got {args.alpha}")
+    print(write_tables(args.out, ci=args.ci, significance=args.significance, alpha=args.alpha))
+    written = ["table.md", "table.tex", "table.csv"]
     for text in write_extra_tables(args.out, load_records(args.out)):
         print(f"\n{text}")
     if args.paper:
-        from pe_bench.harness.reports.papers import compare_markdown
+        from pe_bench.harness.reports.papers import comparison_stem, write_comparison
 
         print()
-        print(compare_markdown(load_records(args.out), args.paper))
+        print(write_comparison(args.out, args.paper))
+        written += [f"{comparison_stem(args.paper)}.md", f"{comparison_stem(args.paper)}.csv"]
+    print(f"\n(written to {args.out}/: {', '.join(written)})")
     return 0
 
 
@@ -246,13 +411,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     methods = TABLE4_METHODS if args.methods is None else tuple(m.strip() for m in _split_methods(args.methods))
     batches = tuple(args.batch)
-    spec = BenchSpec(args.model, methods, batches, args.train_batch, args.repeats, args.image_size, args.device)
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    spec = BenchSpec(
+        args.model, methods, batches, args.train_batch, args.repeats, args.image_size, args.device, args.threads
+    )
     spec.compile = args.compile
-    lines = [f"# pe-bench bench: {args.model}, {args.repeats} repeats", header(), ""]
+    threads = args.threads or _torch_threads()
+    lines = [f"# pe-bench bench: {args.model}, {args.repeats} repeats, torch threads: {threads}", header(), ""]
     forward = forward_table(spec)
     lines += [
-        "## Median ms (inference per image; one training step), each relative to nopos in the same run;"
-        f" peak inference memory at batch {batches[0]}",
+        "## Median ms with its IQR (inference per image; one training step), each relative to nopos in the"
+        f" same run; GFLOPs per image; peak inference memory at batch {batches[0]}",
         forward.to_markdown(),
         "",
     ]
@@ -304,9 +474,7 @@ def cmd_extrapolate(args: argparse.Namespace) -> int:
 
     quiet_lightning()
     methods = None if args.methods is None else _split_methods(args.methods)
-    cells = ex.finished_cells(args.out, args.task, methods)
-    if not cells:
-        raise FileNotFoundError(f"no finished {args.task} cells under {args.out}; run `pe-bench run` first")
+    cells, _ = ex.evaluable_cells(args.out, args.task, methods)
     task, _, _ = ex.load_cell(cells[0].directory, args.data_root)
     size, patch = task.data.image_size, task.config.model.patch_size
     if args.resolutions:
@@ -320,12 +488,11 @@ def cmd_extrapolate(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    import numpy as np
     import pandas as pd
     import torch
 
     from pe_bench.harness.grid.store import cell_dir
-    from pe_bench.harness.reports.analysis import pape_head_scores, plot_heatmap
+    from pe_bench.harness.reports.analysis import head_name, pape_head_scores, plot_heatmap
     from pe_bench.harness.reports.extrapolate import load_cell
 
     directory = cell_dir(args.out, args.task, args.method, args.seed)
@@ -346,16 +513,20 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     frame.columns = [f"H{h + 1}" for h in range(scores.shape[1])]
     frame.to_csv(target / "zscores.csv")
     plot_heatmap(scores, target / "heatmap", f"{args.task} · {args.method}: z per head (τ = {args.tau})")
-    print(frame.round(4).to_markdown())
-    print(f"most positional head: {np.unravel_index(scores.argmax(), scores.shape)}, written to {target}/")
+    print(frame.to_markdown(floatfmt=".3f"))
+    print(f"most positional head: {head_name(scores, 'max')}, most semantic: {head_name(scores, 'min')}")
+    print(f"(written to {target}/)")
     return 0
 
 
 def cmd_principles(args: argparse.Namespace) -> int:
+    from pe_bench.harness.grid.methods import parse_methods
+
     from .conformance import principles_table
 
-    names = None if args.methods is None else _split_methods(args.methods)
-    print(principles_table(names).to_markdown())
+    specs = None if args.methods is None else parse_methods(args.methods)
+    methods = None if specs is None else [(spec.label, spec.name, dict(spec.options)) for spec in specs]
+    print(principles_table(methods).to_markdown())
     return 0
 
 
@@ -389,10 +560,11 @@ def main(argv: list[str] | None = None) -> int:
     from pe_bench.adapters import UnknownEncodingError
 
     from .config import ConfigError
+    from .grid.executor import ExecutorUnavailable
 
     try:
         return COMMANDS[args.command](args)
-    except (UnknownEncodingError, ConfigError, FileNotFoundError, KeyError, ValueError) as err:
+    except (UnknownEncodingError, ConfigError, ExecutorUnavailable, FileNotFoundError, KeyError, ValueError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"error: {message}", file=sys.stderr)
         return 2

@@ -6,12 +6,13 @@ A bad key or value is an error that names the key (pydantic's ``loc``), e.g.
 
 from __future__ import annotations
 
+import importlib
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator
 
 
 class Strict(BaseModel):
@@ -19,6 +20,10 @@ class Strict(BaseModel):
 
 
 class ModelConfig(Strict):
+    """What every backbone has. A task whose backbone needs more (e.g. PTv3's stage structure)
+    subclasses it as its ``Task.ModelConfig``; that task's ``model`` section is validated with
+    the subclass (see :func:`register_model_config`)."""
+
     dim: int
     depth: int
     num_heads: int
@@ -28,6 +33,27 @@ class ModelConfig(Strict):
     dropout: float = 0.0
     # PaPE Appendix E: zero head weights and bias -log(C) give uniform initial predictions.
     head_init: Literal["zero", "default"] = "zero"
+
+
+_TASK_MODEL_CONFIGS: dict[str, type[ModelConfig]] = {}
+
+
+def register_model_config(task: str, config: type[ModelConfig]) -> None:
+    """Validate the ``model`` section of ``task``'s run configs with ``config`` (``register_task``
+    calls it with the task's ``ModelConfig``)."""
+    _TASK_MODEL_CONFIGS[task] = config
+
+
+def model_config_for(task: str) -> type[ModelConfig]:
+    if task not in _TASK_MODEL_CONFIGS:
+        # A built-in task is imported on first use: its YAML names the class, whose
+        # ``ModelConfig`` validates the model section.
+        target = task_yaml(task).get("implementation") if task in _builtin_task_files() else None
+        if target:
+            module, _, name = target.partition(":")
+            config = getattr(getattr(importlib.import_module(module), name), "ModelConfig", ModelConfig)
+            _TASK_MODEL_CONFIGS[task] = config
+    return _TASK_MODEL_CONFIGS.get(task, ModelConfig)
 
 
 class OptimConfig(Strict):
@@ -40,6 +66,9 @@ class OptimConfig(Strict):
     batch_size: int
     label_smoothing: float = 0.0
     grad_clip: float | None = None
+    # Learning rate of every position-encoding parameter relative to ``lr`` (see
+    # harness/module.py parameter_groups); 1 = the papers' setting.
+    positional_lr_scale: float = 1.0
 
 
 class TrainerConfig(Strict):
@@ -56,21 +85,34 @@ class TrainerConfig(Strict):
     # CPU threads for torch (None: torch's default, or OMP_NUM_THREADS). On a busy machine 1
     # thread per process avoids oversubscription, which made steps 8-14x slower here.
     threads: int | None = Field(default=None, ge=1)
+    # Experiment trackers, several at once. The cell's metrics.csv (one row per epoch) is always
+    # written: "csv" alone is the default and adds nothing. tensorboard, wandb and mlflow need
+    # the ``tracking`` extra (pip install 'pe-bench[tracking]').
+    logger: list[Literal["csv", "tensorboard", "wandb", "mlflow"]] = ["csv"]
     # torch.compile the model (harness/compile.py); "auto": on for CUDA, off on CPU.
     compile: bool | Literal["auto"] = "auto"
 
 
 class RunConfig(Strict):
-    """One task at one profile. ``data`` is validated by the task's own model."""
+    """One task at one profile. ``model`` is validated with the task's model config (see
+    :func:`register_model_config`), ``data`` by the task's own model."""
 
     task: str
     profile: str
-    model: ModelConfig
+    # SerializeAsAny: a task's ModelConfig subclass dumps its own fields too (config.yaml).
+    model: SerializeAsAny[ModelConfig]
     optim: OptimConfig
     trainer: TrainerConfig = TrainerConfig()
     data: dict[str, Any] = {}
     # per-method encoding options for this task, e.g. {"cape": {"freq_scale": 30}}
     methods: dict[str, dict[str, Any]] = {}
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _task_model_config(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, dict):
+            return model_config_for(info.data.get("task", "")).model_validate(value)
+        return value
 
 
 class ConfigError(ValueError):
@@ -95,15 +137,92 @@ def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
+ALL_TASKS = "all"  # the scope of an override that applies to every task of a grid
+
+
+def _split_pair(pair: str) -> tuple[str, str, Any]:
+    """``"imagenet:optim.lr=1e-3"`` -> ("imagenet", "optim.lr", 0.001); no ``TASK:`` -> scope "all"."""
+    if "=" not in pair:
+        raise ConfigError(f"--set expects KEY=VALUE or TASK:KEY=VALUE, got {pair!r}")
+    key, raw = pair.split("=", 1)
+    scope, colon, dotted = key.strip().rpartition(":")  # keys never hold ":", values may
+    if colon and not scope.strip():
+        raise ConfigError(f"--set {pair!r}: nothing before ':'; write TASK:KEY=VALUE, e.g. imagenet:optim.lr=1e-3")
+    if not dotted.strip():
+        raise ConfigError(f"--set {pair!r}: no key before '='")
+    return scope.strip() or ALL_TASKS, dotted.strip(), yaml.safe_load(raw)
+
+
+def override_scope(pair: str) -> str:
+    """The task a ``--set`` pair is scoped to, or ``"all"``."""
+    return _split_pair(pair)[0]
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """``["optim.epochs=2", "model.dim=32"]`` -> nested dict; values parsed as YAML scalars."""
-    tree: dict[str, Any] = {}
+    scoped = task_overrides(pairs)
+    tasks = sorted(set(scoped) - {ALL_TASKS})
+    if tasks:
+        raise ConfigError(f"parse_overrides takes KEY=VALUE pairs for every task; for {', '.join(tasks)}:KEY=VALUE "
+                          "use task_overrides()")
+    return scoped.get(ALL_TASKS, {})
+
+
+def _undotted(tree: dict[str, Any], where: str) -> dict[str, Any]:
+    """Nested mappings from a file; a dotted key (``optim.lr: 0.001``) is a path, like in --set."""
+    nested: dict[str, Any] = {}
+    for key, value in tree.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"{where}: key {key!r} is not a name")
+        branch: dict[str, Any] = {}
+        set_dotted(branch, key, _undotted(value, f"{where}.{key}") if isinstance(value, dict) else value)
+        nested = deep_merge(nested, branch)
+    return nested
+
+
+def load_override_file(path: Path) -> dict[str, dict[str, Any]]:
+    """A YAML file of overrides per scope: task names, or ``all`` for every task::
+
+        all:                     # every task of the grid
+          optim: {epochs: 5}
+        imagenet:                # this task only (beats ``all``)
+          optim: {lr: 1.0e-3}    # 1.0e-3, not 1e-3: YAML 1.1 reads 1e-3 as a string
+          data.image_size: 32    # dotted keys work too
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"-c {path}: no such file")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"-c {path}: not valid YAML: {err}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"-c {path}: expected a mapping of task names (or 'all') to overrides, got {tree!r}")
+    scoped = {}
+    for scope, overrides in tree.items():
+        if not isinstance(overrides, dict):
+            raise ConfigError(
+                f"-c {path}: {scope!r} must map to config keys, e.g. '{scope}: {{optim: {{lr: 1.0e-3}}}}', "
+                f"got {overrides!r}"
+            )
+        scoped[str(scope)] = _undotted(overrides, f"-c {path}: {scope}")
+    return scoped
+
+
+def task_overrides(pairs: list[str], files: list[Path] | tuple[Path, ...] = ()) -> dict[str, dict[str, Any]]:
+    """Overrides per scope (``"all"`` or a task name) from config files and ``--set`` pairs.
+
+    Files apply in order, then the pairs, so the command line wins over a file. Which scope
+    wins for a task is the caller's choice; the grid puts a task's own scope over ``all``.
+    """
+    scoped: dict[str, dict[str, Any]] = {}
+    for path in files:
+        for scope, tree in load_override_file(path).items():
+            scoped[scope] = deep_merge(scoped.get(scope, {}), tree)
     for pair in pairs:
-        if "=" not in pair:
-            raise ConfigError(f"--set expects KEY=VALUE, got {pair!r}")
-        key, raw = pair.split("=", 1)
-        set_dotted(tree, key.strip(), yaml.safe_load(raw))
-    return tree
+        scope, dotted, value = _split_pair(pair)
+        set_dotted(scoped.setdefault(scope, {}), dotted, value)
+    return scoped
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

@@ -1,19 +1,26 @@
-"""Lightning modules shared by tasks: classification with the papers' training protocol.
+"""The training module every task builds on, and the classification module of the patch tasks.
 
-AdamW (Adam for some tasks) with a OneCycle schedule (linear warm-up, cosine decay), label
-smoothing, optional batch-level MixUp/CutMix, no weight decay on biases, norms and
-positional tables (the usual ViT practice).
+:class:`TaskModule` owns what is the same for every task: AdamW (Adam for some tasks) with a
+OneCycle schedule (linear warm-up, cosine decay), no weight decay on biases, norms and
+positional tables (the usual ViT practice), the divergence guard, the ``train/loss`` log and
+the ``extra_results`` hook. A task's module adds its loss (:meth:`TaskModule.training_loss`)
+and its evaluation (validation/test steps, metrics logged as ``val/<metric>`` and
+``test/<metric>``). :class:`ClassificationModule` is the one of the image, video and event
+tasks: label smoothing, optional batch-level MixUp/CutMix, optional test-time augmentation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
+
+from pe_bench.adapters.base import positional_parameters
 
 from .config import OptimConfig
 
@@ -22,31 +29,91 @@ class DivergedError(RuntimeError):
     """Training produced a non-finite loss."""
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
+def parameter_groups(model: nn.Module, weight_decay: float, lr: float, positional_lr_scale: float = 1.0) -> list[dict]:
+    """Trainable parameters in three groups, each with its own ``lr``:
+
+    * decayed: weight matrices of the content path;
+    * not decayed: biases and norms (fewer than 2 dimensions);
+    * positional: every parameter owned by a position encoding (tables, slopes, projections;
+      :func:`~pe_bench.adapters.base.positional_parameters`), never decayed — as timm's
+      ``no_weight_decay`` exempts position embeddings — and trained at
+      ``lr * positional_lr_scale``. Decay would pull a relative-position table towards the
+      "no position" solution that the encoding exists to leave; the scale lets a learned
+      table grow within a short schedule (Adam moves an entry by about lr per step).
+    Empty groups are dropped.
+    """
+    positional_ids = {id(param) for _, param in positional_parameters(model)}
+    decay, no_decay, positional = [], [], []
+    for param in model.parameters():
         if not param.requires_grad:
             continue
-        is_table = "encoding" in name and param.ndim > 2  # e.g. abspos grids
-        (no_decay if param.ndim < 2 or is_table else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if id(param) in positional_ids:
+            positional.append(param)
+        else:
+            (no_decay if param.ndim < 2 else decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay, "lr": lr},
+        {"params": no_decay, "weight_decay": 0.0, "lr": lr},
+        {"params": positional, "weight_decay": 0.0, "lr": lr * positional_lr_scale},
+    ]
+    return [group for group in groups if group["params"]]
 
 
-def configure_optimizer(module: L.LightningModule, optim: OptimConfig) -> dict:
-    groups = parameter_groups(module.model, optim.weight_decay)
-    opt_cls = torch.optim.AdamW if optim.optimizer == "adamw" else torch.optim.Adam
-    optimizer = opt_cls(groups, lr=optim.lr, betas=optim.betas)
-    # OneCycle needs a warm-up phase of more than one step and a decay phase after it; very
-    # short runs (tests, smoke runs) are padded to 3 scheduled steps (a run may stop earlier).
-    total = max(int(module.trainer.estimated_stepping_batches), 3)
-    warmup = min(max(optim.warmup_epochs / max(optim.epochs, 1), 1.5 / total), 0.5)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(
-        optimizer, max_lr=optim.lr, total_steps=total, pct_start=warmup, anneal_strategy="cos"
-    )
-    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+class TaskModule(L.LightningModule):
+    """A task's Lightning module: ``model`` trained under ``optim``.
+
+    Subclasses implement :meth:`training_loss` and their evaluation (``validation_step``,
+    ``test_step`` and the metrics they log as ``val/<metric>``, ``test/<metric>``); they may
+    override :meth:`batch_size_of` and :meth:`extra_results`.
+    """
+
+    def __init__(self, model: nn.Module, optim: OptimConfig) -> None:
+        super().__init__()
+        self.model = model
+        self.optim = optim
+
+    def training_loss(self, batch: Any) -> Tensor:
+        """The scalar loss of one training batch."""
+        raise NotImplementedError(f"{type(self).__name__} must implement training_loss(batch)")
+
+    def batch_size_of(self, batch: Any) -> int | None:
+        """Samples in ``batch``, its weight in the epoch mean of ``train/loss`` (None: Lightning
+        infers it from the batch)."""
+        return None
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss = self.training_loss(batch)
+        if not torch.isfinite(loss):
+            raise DivergedError(f"non-finite training loss ({loss.item()}) at step {self.global_step}")
+        self.log("train/loss", loss, prog_bar=True, on_step=False, on_epoch=True, batch_size=self.batch_size_of(batch))
+        return loss
+
+    def extra_results(self) -> dict[str, Any]:
+        """Results beyond the task's one metric, from the last test run; the runner stores them
+        in the cell record's ``extra`` (e.g. WER per duration bin)."""
+        return {}
+
+    def configure_optimizers(self) -> dict:
+        """Optimiser and per-step OneCycle schedule, as Lightning takes them."""
+        optim = self.optim
+        groups = parameter_groups(self.model, optim.weight_decay, optim.lr, optim.positional_lr_scale)
+        opt_cls = torch.optim.AdamW if optim.optimizer == "adamw" else torch.optim.Adam
+        optimizer = opt_cls(groups, lr=optim.lr, betas=optim.betas)
+        # OneCycle needs a warm-up phase of more than one step and a decay phase after it; very
+        # short runs (tests, smoke runs) are padded to 3 scheduled steps (a run may stop earlier).
+        total = max(int(self.trainer.estimated_stepping_batches), 3)
+        warmup = min(max(optim.warmup_epochs / max(optim.epochs, 1), 1.5 / total), 0.5)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer,
+            max_lr=[group["lr"] for group in groups],
+            total_steps=total,
+            pct_start=warmup,
+            anneal_strategy="cos",
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
-class ClassificationModule(L.LightningModule):
+class ClassificationModule(TaskModule):
     def __init__(
         self,
         model: nn.Module,
@@ -55,9 +122,7 @@ class ClassificationModule(L.LightningModule):
         batch_transform: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
         test_time_augmentation: Callable[[nn.Module, Tensor], Tensor] | None = None,
     ) -> None:
-        super().__init__()
-        self.model = model
-        self.optim = optim
+        super().__init__(model, optim)
         self.batch_transform = batch_transform  # e.g. MixUp/CutMix, random resolution per batch
         # Test logits from (model, images), e.g. averaged over resized copies. Validation stays
         # plain, so the checkpoint is chosen as without it and the test can report both.
@@ -69,16 +134,12 @@ class ClassificationModule(L.LightningModule):
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         images, labels = batch
         if self.batch_transform is not None:
             images, labels = self.batch_transform(images, labels)
         logits = self(images)
-        loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.optim.label_smoothing)
-        if not torch.isfinite(loss):
-            raise DivergedError(f"non-finite training loss ({loss.item()}) at step {self.global_step}")
-        self.log("train/loss", loss, prog_bar=True, on_step=False, on_epoch=True)
-        return loss
+        return F.cross_entropy(logits.float(), labels, label_smoothing=self.optim.label_smoothing)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         images, labels = batch
@@ -99,6 +160,3 @@ class ClassificationModule(L.LightningModule):
         if self.test_time_augmentation is None:
             return {}
         return {"test_acc_without_tta": 100.0 * float(self.test_acc_plain.compute())}
-
-    def configure_optimizers(self) -> dict:
-        return configure_optimizer(self, self.optim)

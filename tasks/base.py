@@ -20,11 +20,13 @@ from torch import nn
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import (
     ConfigError,
+    ModelConfig,
     RunConfig,
     Strict,
     builtin_task_implementations,
     format_validation_error,
     load_groups,
+    register_model_config,
     register_task_yaml,
 )
 from pe_bench.harness.data import PatchDataModule
@@ -39,6 +41,8 @@ class Task(ABC):
     score_scale: ClassVar[float] = 100.0  # logged metric x scale = table units (fraction -> %)
     profiles: ClassVar[tuple[str, ...]] = ("tiny", "paper")
     DataConfig: ClassVar[type[Strict]] = Strict
+    #: the ``model`` section's type (a subclass where the backbone needs more, e.g. PTv3's stages)
+    ModelConfig: ClassVar[type[ModelConfig]] = ModelConfig
     #: what the tiny profile substitutes for the real dataset (table footnote)
     tiny_standin: ClassVar[str] = ""
     #: the YAML with this task's profiles; None for built-ins (``configs/tasks/<name>.yaml``).
@@ -46,6 +50,11 @@ class Task(ABC):
     config_file: ClassVar[str | Path | None] = None
 
     def __init__(self, config: RunConfig, data_root: Path | None = None) -> None:
+        if not isinstance(config.model, self.ModelConfig):
+            raise ConfigError(
+                f"{config.task}/{config.profile}: model is a {type(config.model).__name__}, {self.name} needs a "
+                f"{self.ModelConfig.__name__}: build the config with load_run_config once the task is registered"
+            )
         self.config = config
         self.data_root = data_root
         try:
@@ -109,6 +118,7 @@ ENTRY_POINT_GROUP = "pe_bench.tasks"
 
 def _declare_config(name: str, cls: type[Task]) -> None:
     cls.name = name
+    register_model_config(name, cls.ModelConfig)
     if cls.config_file is not None:  # a plug-in task brings its own YAML profiles
         register_task_yaml(name, Path(cls.config_file))
 

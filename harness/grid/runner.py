@@ -2,13 +2,17 @@
 
 Protocol of PaPE Section 5.1: validate every epoch, keep the best-validation checkpoint,
 report the test metric of that checkpoint. Finished cells are skipped on re-runs; a cell
-that fails or diverges is recorded with its reason and the grid goes on.
+that fails or diverges is recorded with its reason and the grid goes on. Each cell is trained
+under its lock (store.CellLock), so several processes on one results folder share the work.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import signal
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -22,13 +26,16 @@ import torch
 import yaml
 
 from pe_bench.adapters import EncodingFactory
+from pe_bench.adapters.base import positional_parameters
 from pe_bench.tasks import Task, get_task
 
-from ..config import RunConfig, load_run_config
+from ..config import RunConfig, deep_merge, load_run_config
 from ..module import DivergedError
 from ..reports.tables import write_extra_tables
 from . import store
+from .loggers import close_loggers, make_loggers
 from .methods import MethodSpec
+from .progress import EpochLog, best_epoch, print_flushed
 
 
 @dataclass
@@ -39,8 +46,20 @@ class GridRequest:
     seeds: list[int] = field(default_factory=lambda: [0])
     out: Path = Path("results")
     data_root: Path | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)  # for every task
     progress: bool = False  # Lightning's progress bar (only on a terminal)
+    # Cells locked by another process: a lock of another host is stale after this long without
+    # its owner's heartbeat (CellLock); the grid checks every poll_seconds whether they are done.
+    lock_stale_after: float = 600.0
+    poll_seconds: float = 5.0
+    # Who trains the pending cells (harness/grid/executor.py): None = this process, one after
+    # the other; otherwise e.g. ParallelExecutor(jobs=4) or RayExecutor(address).
+    executor: Any = None
+    task_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> its own, over ``overrides``
+
+    def overrides_for(self, task: str) -> dict[str, Any]:
+        """The grid-wide overrides with the task's own on top."""
+        return deep_merge(self.overrides, self.task_overrides.get(task, {}))
 
 
 def quiet_lightning() -> None:
@@ -64,10 +83,14 @@ def resolve_precision(config: RunConfig) -> str:
     return "bf16-mixed" if on_gpu else "32-true"
 
 
-def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workdir: Path, progress: bool) -> dict:
+def _train_and_test(
+    task: Task, make_encoding: EncodingFactory, seed: int, workdir: Path, progress: bool, run_name: str = "",
+    grid: Path | None = None,
+) -> dict:  # fmt: skip
+    """Fit with validation every epoch, test the best-validation checkpoint. ``run_name``
+    (``task/method/seedN``) and ``grid`` (the results folder) name the run for trackers."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
 
     config = task.config
     L.seed_everything(seed, workers=True, verbose=False)
@@ -84,6 +107,9 @@ def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workd
         save_weights_only=True,
         enable_version_counter=False,
     )
+    # metrics.csv, one row per epoch; without progress bars also a printed line per epoch.
+    epochs = EpochLog(workdir, monitor, task.metric_label, task.score_scale, say=None if progress else print_flushed)
+    loggers = make_loggers(config.trainer.logger, workdir, run_name, grid)
     trainer = L.Trainer(
         max_epochs=config.optim.epochs,
         accelerator=config.trainer.accelerator,
@@ -93,19 +119,22 @@ def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workd
         precision=resolve_precision(config),
         gradient_clip_val=config.optim.grad_clip,
         max_time=config.trainer.max_time,
-        callbacks=[checkpoint],
-        logger=CSVLogger(workdir, name="", version=""),
+        callbacks=[checkpoint, epochs],
+        logger=loggers or False,
         default_root_dir=workdir,
         enable_progress_bar=progress,
         enable_model_summary=False,
         log_every_n_steps=10,
     )
-    start = time.perf_counter()
-    trainer.fit(module, datamodule=data)
-    train_seconds = time.perf_counter() - start
-    if not checkpoint.best_model_path:
-        raise RuntimeError(f"no checkpoint was saved: {monitor} was never logged")
-    tested = trainer.test(module, datamodule=data, ckpt_path=checkpoint.best_model_path, verbose=False)
+    try:
+        start = time.perf_counter()
+        trainer.fit(module, datamodule=data)
+        train_seconds = time.perf_counter() - start
+        if not checkpoint.best_model_path:
+            raise RuntimeError(f"no checkpoint was saved: {monitor} was never logged")
+        tested = trainer.test(module, datamodule=data, ckpt_path=checkpoint.best_model_path, verbose=False)
+    finally:
+        close_loggers(loggers)
     best_val = checkpoint.best_model_score
     # Optional hook: a task's module may report more than its one metric (e.g. WER per
     # duration bin); it lands in the cell record's ``extra``.
@@ -114,9 +143,10 @@ def _train_and_test(task: Task, make_encoding: EncodingFactory, seed: int, workd
         "extra_results": dict(extra_results()) if callable(extra_results) else {},
         "test": float(tested[0][f"test/{task.metric}"]),
         "best_val": None if best_val is None else float(best_val),
+        "best_epoch": best_epoch(checkpoint.best_model_path),
         "train_seconds": train_seconds,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "positional_parameters": sum(p.numel() for n, p in model.named_parameters() if _is_positional(n)),
+        "positional_parameters": sum(p.numel() for _, p in positional_parameters(model)),
     }
 
 
@@ -132,16 +162,32 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def _is_positional(name: str) -> bool:
-    return "encoding" in name.split(".")
+@contextmanager
+def lightning_interrupts_kept() -> Iterator[None]:
+    """Lightning answers Ctrl-C during fit or test with ``sys.exit(1)`` (and ignores further
+    Ctrl-Cs; lightning.pytorch.trainer.call). Turn that back into KeyboardInterrupt, so the
+    grid cleans up and the CLI reports the interruption (exit status 130)."""
+    try:
+        yield
+    except SystemExit as exit_:
+        if not isinstance(exit_.__context__, KeyboardInterrupt):
+            raise
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        raise KeyboardInterrupt from None
 
 
-def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int) -> store.CellRecord:
-    """Train and evaluate one cell; always returns (and stores) a complete record."""
+def run_cell(
+    request: GridRequest, task_name: str, method: MethodSpec, seed: int, lock: store.CellLock | None = None
+) -> store.CellRecord:
+    """Train and evaluate one cell; always returns (and stores) a complete record.
+
+    The caller holds the cell's ``lock``: given, it is checked before the result replaces the
+    cell (a lock broken as stale meanwhile means another process owns the cell now).
+    A KeyboardInterrupt leaves nothing of the attempt behind and propagates."""
     final = store.cell_dir(request.out, task_name, method.label, seed)
-    config = load_run_config(task_name, request.profile, request.overrides)
+    config = load_run_config(task_name, request.profile, request.overrides_for(task_name))
     task = get_task(task_name)(config, request.data_root)
-    scale = task.score_scale
     base = {
         "task": task_name,
         "method": method.label,
@@ -150,6 +196,7 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
         "metric": task.metric,
         "metric_label": task.metric_label,
         "higher_is_better": task.higher_is_better,
+        "trained_by": store.trained_by(),
     }
     make_encoding = method.encoding(config.methods.get(method.name))
     reason = make_encoding.unsupported_reason(task.geometry())
@@ -157,12 +204,29 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
         record = store.CellRecord(status=store.STATUS_NA, reason=reason, **base)
         store.write_record(final, record)
         return record
-    options = dict(make_encoding.options)
     staging = store.staging_dir(final)
     try:
+        record = _train_into(staging, task, config, method, make_encoding, seed, base, request)
+        if lock is not None and lock.lost:
+            raise store.CellBusyError(f"the lock of {final} was broken while this process trained it; result discarded")
+    except BaseException:  # Ctrl-C or a lost lock: nothing of this attempt is kept
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    store.promote(staging, final)
+    return record
+
+
+def _train_into(
+    staging: Path, task: Task, config: RunConfig, method: MethodSpec, make_encoding: EncodingFactory, seed: int,
+    base: dict[str, Any], request: GridRequest,
+) -> store.CellRecord:  # fmt: skip
+    """Train in ``staging`` and write the cell's files and record there; a failure or
+    divergence becomes the record (the grid goes on)."""
+    try:
         task.check_data()
-        with torch_threads(config.trainer.threads):
-            result = _train_and_test(task, make_encoding, seed, staging, request.progress)
+        with torch_threads(config.trainer.threads), lightning_interrupts_kept():
+            run_name = f"{base['task']}/{method.label}/seed{seed}"  # the trackers' run name
+            result = _train_and_test(task, make_encoding, seed, staging, request.progress, run_name, request.out)
             environment = store.environment()  # as the cell ran (threads included)
     except Exception as err:  # the grid must go on: record why this cell has no result
         status = store.STATUS_DIVERGED if isinstance(err, DivergedError) else store.STATUS_FAILED
@@ -172,22 +236,23 @@ def run_cell(request: GridRequest, task_name: str, method: MethodSpec, seed: int
             extra={"traceback": traceback.format_exc(limit=8)},
             **base,
         )
-        store.promote(staging, final)
-        store.write_record(final, record)
+        store.write_record(staging, record)
         return record
-    (staging / "config.yaml").write_text(yaml.safe_dump(resolved_config(config, method, options), sort_keys=False))
+    options = dict(make_encoding.options)
+    (staging / store.CONFIG).write_text(yaml.safe_dump(resolved_config(config, method, options), sort_keys=False))
     store.write_json_atomic(staging / "env.json", environment)
+    scale = task.score_scale
     best_val = result["best_val"]
     record = store.CellRecord(
         status=store.STATUS_OK,
         score=result["test"] * scale,
         best_val=None if best_val is None else best_val * scale,
+        best_epoch=result["best_epoch"],
         train_seconds=result["train_seconds"],
         extra={k: result[k] for k in ("parameters", "positional_parameters")} | result["extra_results"],
         **base,
     )
     store.write_record(staging, record)
-    store.promote(staging, final)
     return record
 
 
@@ -196,50 +261,62 @@ def resolved_config(config: RunConfig, method: MethodSpec, options: dict) -> dic
     return config.model_dump(mode="json") | {"method": method.label, "encoding": method.name, "options": options}
 
 
-# Not compared: ``trainer`` (workers, devices, time caps do not change what a cell measures)
-# and ``methods`` (every method's options; the cell's own are under ``options``).
-_UNCOMPARED = ("trainer", "methods")
+# Settings a finished cell may differ in and still be reused: only those that cannot change
+# what it measures. Everything else counts, the ``trainer`` section included: precision and
+# accelerator change the arithmetic, devices/num_nodes/strategy the global batch and its
+# reduction, threads the order of CPU reductions, max_time where training stops, and
+# num_workers the random augmentations (each data-loader worker draws from its own seeded
+# stream, so 0 and 4 workers crop and flip differently).
+_UNCOMPARED = frozenset(
+    {
+        "methods",  # every method's options; the cell's own are compared under ``options``
+        "trainer.logger",  # experiment trackers only watch the run
+    }
+)
 # Typed sections: a key missing from an older cell's file is a field added to the code since,
 # at its default. ``data`` and ``options`` are free-form: a missing key there is a real change.
-_TYPED = ("model", "optim")
+_TYPED = ("model", "optim", "trainer")
 
 
 def config_differences(stored: dict[str, Any], requested: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between a stored cell config and a requested one."""
     differences = []
     for key in sorted(set(stored) | set(requested)):
-        if not prefix and key in _UNCOMPARED:
+        dotted = f"{prefix}{key}"
+        if dotted in _UNCOMPARED:
             continue
         if key not in stored and prefix.split(".")[0] in _TYPED:
             continue
         old, new = stored.get(key), requested.get(key)
         if isinstance(old, dict) and isinstance(new, dict):
-            differences += config_differences(old, new, f"{prefix}{key}.")
+            differences += config_differences(old, new, f"{dotted}.")
         elif old != new:
-            differences.append(f"{prefix}{key}: {old!r} stored, {new!r} requested")
+            differences.append(f"{dotted}: {old!r} stored, {new!r} requested")
     return differences
 
 
 def check_consistency(request: GridRequest) -> None:
     """A finished cell is only skipped if it ran what is asked now: same profile and config.
-    Otherwise the grid would silently report results of another setting (e.g. a study's)."""
+    Otherwise the grid would silently report results of another setting (e.g. a study's).
+    A cell whose config.yaml is missing or damaged is not finished (store.read_cell): it is
+    trained again rather than trusted unchecked."""
     for task_name in request.tasks:
-        config = load_run_config(task_name, request.profile, request.overrides)
+        config = load_run_config(task_name, request.profile, request.overrides_for(task_name))
         for method in request.methods:
             options = method.merged_options(config.methods.get(method.name))
             requested = resolved_config(config, method, options)
             for seed in request.seeds:
                 cell = store.cell_dir(request.out, task_name, method.label, seed)
-                existing = store.read_record(cell)
+                stored = store.read_cell(cell)
+                existing = stored.record
                 if existing and existing.profile != request.profile:
                     raise ValueError(
                         f"{request.out} already holds {existing.profile!r}-profile results for "
                         f"{task_name}/{method.label}/seed{seed}; use another --out for the {request.profile!r} profile"
                     )
-                stored_path = cell / "config.yaml"
-                if not existing or existing.status != store.STATUS_OK or not stored_path.is_file():
+                if not stored.finished or stored.config is None:
                     continue
-                differences = config_differences(yaml.safe_load(stored_path.read_text()), requested)
+                differences = config_differences(stored.config, requested)
                 if differences:
                     raise ValueError(
                         f"{cell} was trained with another configuration ("
@@ -249,29 +326,120 @@ def check_consistency(request: GridRequest) -> None:
                     )
 
 
+Cell = tuple[str, MethodSpec, int]
+
+
+def _cell_dir(request: GridRequest, cell: Cell) -> Path:
+    task_name, method, seed = cell
+    return store.cell_dir(request.out, task_name, method.label, seed)
+
+
+def _first_line(text: str, limit: int) -> str:
+    return (text.splitlines() or [""])[0][:limit]
+
+
+def _outcome(record: store.CellRecord) -> str:
+    if record.status == store.STATUS_OK:
+        return f"{record.metric_label} {record.score:.2f}"
+    return f"{record.status} - {_first_line(record.reason, 200)}"
+
+
+def _trainer(record: store.CellRecord) -> str:
+    who = record.trained_by
+    return f"pid {who.get('pid', '?')} on host {who.get('host', '?')}" if who else "another process"
+
+
+def _record_state(final: Path) -> tuple[int, int, int] | None:
+    """Identity of a cell's record file, to notice that another process wrote a new one."""
+    try:
+        stat = (final / store.RECORD).stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def claim_and_run(
+    request: GridRequest, cell: Cell, where: str, say: Callable[[str], None], retry_failed: bool = True
+) -> store.CellRecord | store.LockOwner:
+    """The cell's record (reused, or trained now under its lock), or the live owner of its lock.
+    The unit every executor runs. ``retry_failed=False`` returns a failed or diverged record
+    as it is (an executor has just tried the cell)."""
+    task_name, method, seed = cell
+    final = _cell_dir(request, cell)
+    stored = store.read_cell(final)
+    if stored.finished:
+        say(f"{where}: finished earlier, skipped")
+        return stored.record
+    if not retry_failed and stored.record is not None and not stored.problem:
+        say(f"{where}: {_outcome(stored.record)}")
+        return stored.record
+    lock = store.CellLock(final, stale_after=request.lock_stale_after, say=say)
+    if not lock.acquire():
+        return lock.owner
+    with lock:
+        stored = store.read_cell(final)  # another process may have finished it meanwhile
+        if stored.finished:
+            say(f"{where}: finished by {_trainer(stored.record)}, skipped")
+            return stored.record
+        if stored.problem:
+            say(f"{where}: re-running: {stored.problem}")
+        elif stored.record:
+            say(f"{where}: retrying (last time {stored.record.status}: {_first_line(stored.record.reason, 120)})")
+        start = time.perf_counter()
+        try:
+            record = run_cell(request, task_name, method, seed, lock)
+        except store.CellBusyError as err:
+            say(f"{where}: {err}")
+            return lock.current_owner() or store.LockOwner()
+        took = f" ({time.perf_counter() - start:.0f}s)" if record.status == store.STATUS_OK else ""
+        say(f"{where}: {_outcome(record)}{took}")
+        sys.stdout.flush()
+        return record
+
+
 def run_grid(request: GridRequest, say: Callable[[str], None] = print) -> list[store.CellRecord]:
+    """Train every cell not finished yet: one after the other, or by ``request.executor``.
+
+    Several processes may run grids on the same ``out`` (also from several hosts on a shared
+    file system): each cell is trained by whoever takes its lock first. A cell locked by a live
+    process is passed over; once its own cells are done the grid waits for those, checking
+    every ``poll_seconds``, and takes over a cell whose owner stopped without finishing it.
+    So every process returns (and prints) the complete grid."""
     quiet_lightning()
     check_consistency(request)
     cells = [(t, m, s) for t in request.tasks for m in request.methods for s in request.seeds]
-    records = []
-    for index, (task_name, method, seed) in enumerate(cells, 1):
-        where = f"[{index}/{len(cells)}] {task_name} · {method.label} · seed {seed}"
-        existing = store.read_record(store.cell_dir(request.out, task_name, method.label, seed))
-        if existing and existing.status in (store.STATUS_OK, store.STATUS_NA):
-            say(f"{where}: finished earlier, skipped")
-            records.append(existing)
+    label = {i: f"[{i}/{len(cells)}] {t} · {m.label} · seed {s}" for i, (t, m, s) in enumerate(cells, 1)}
+    attempted: set[Cell] = set()
+    if request.executor is not None:  # the executor trains the pending cells; the loop below collects them
+        attempted = {c for c in cells if not store.read_cell(_cell_dir(request, c)).finished}
+        pending = [(t, m.label, s) for t, m, s in cells if (t, m, s) in attempted]
+        finished = len(cells) - len(pending)
+        say(f"{finished} of {len(cells)} cells finished earlier; {request.executor.describe(len(pending))}")
+        request.executor.run(request, pending, say)
+    records: dict[int, store.CellRecord] = {}
+    elsewhere: dict[int, tuple | None] = {}  # cells locked by others: their record's state then
+    for index, cell in enumerate(cells, 1):
+        outcome = claim_and_run(request, cell, label[index], say, retry_failed=cell not in attempted)
+        if isinstance(outcome, store.CellRecord):
+            records[index] = outcome
             continue
-        if existing:
-            say(f"{where}: retrying (last time {existing.status}: {existing.reason.splitlines()[0][:120]})")
-        start = time.perf_counter()
-        record = run_cell(request, task_name, method, seed)
-        records.append(record)
-        elapsed = time.perf_counter() - start
-        if record.status == store.STATUS_OK:
-            say(f"{where}: {record.metric_label} {record.score:.2f} ({elapsed:.0f}s)")
-        else:
-            say(f"{where}: {record.status} - {record.reason.splitlines()[0][:200]}")
-        sys.stdout.flush()
+        say(f"{label[index]}: running in another process ({outcome.describe()}); waiting for it at the end")
+        elsewhere[index] = _record_state(_cell_dir(request, cell))
+    if elsewhere:
+        every = f"checking every {request.poll_seconds:g}s"
+        say(f"waiting for {len(elsewhere)} cell(s) running in other processes ({every})")
+    while elsewhere:
+        time.sleep(request.poll_seconds)
+        for index, before in list(elsewhere.items()):
+            final = _cell_dir(request, cells[index - 1])
+            if _record_state(final) != before and (record := store.read_record(final)) is not None:
+                say(f"{label[index]}: done by {_trainer(record)}: {_outcome(record)}")
+            else:  # still running, or its owner stopped without a result: then it is ours now
+                record = claim_and_run(request, cells[index - 1], label[index], say)
+                if isinstance(record, store.LockOwner):
+                    continue
+            records[index] = record
+            del elsewhere[index]
     # Tasks' own tables beyond the matrix (speech: WER per duration bin), from every stored cell.
     write_extra_tables(request.out, store.load_records(request.out))
-    return records
+    return [records[i] for i in sorted(records)]

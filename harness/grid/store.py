@@ -6,34 +6,52 @@
         metrics.csv    per-epoch training/validation log (Lightning's CSVLogger)
         best.ckpt      weights of the best-validation checkpoint
         result.json    the record; written last, so its presence means "finished"
+    <out>/runs/<task>/<method>/.seed<N>.lock    while a process trains the cell (``CellLock``)
 
 A cell is trained in a hidden sibling directory and renamed into place when done, so an
-interrupted run never leaves a half-written cell behind.
+interrupted run never leaves a half-written cell behind. A record that cannot be read, or a
+finished cell whose config.yaml is missing or unreadable, counts as unfinished: it is reported
+once (with its path) and the cell is trained again; it never stops a table or a grid.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import shutil
+import socket
 import subprocess
+import sys
+import threading
+import time
+import uuid
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import torch
+import yaml
 
 RECORD = "result.json"
+CONFIG = "config.yaml"
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"
 STATUS_DIVERGED = "diverged"
 STATUS_NA = "n/a"
+STATUSES = (STATUS_OK, STATUS_FAILED, STATUS_DIVERGED, STATUS_NA)
+HOST = socket.gethostname()
 
 
 @dataclass
 class CellRecord:
+    """One cell's outcome. Reading ignores keys this version does not know and fills keys an
+    older record lacks with their defaults, so old results folders stay readable."""
+
     task: str
     method: str
     seed: int
@@ -48,6 +66,10 @@ class CellRecord:
     train_seconds: float | None = None
     reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    trained_by: dict[str, Any] = field(default_factory=dict)  # host, pid, started (ISO time)
+
+
+_RECORD_SCHEMA = pydantic.TypeAdapter(CellRecord)
 
 
 def cell_dir(out: Path, task: str, method: str, seed: int) -> Path:
@@ -65,11 +87,114 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     os.replace(tmp, path)
 
 
+def trained_by() -> dict[str, Any]:
+    """Who trains a cell: recorded in it, so concurrent runs can be told apart afterwards."""
+    return {"host": HOST, "pid": os.getpid(), "started": datetime.now().isoformat(timespec="seconds")}
+
+
+# --- reading: a damaged file is reported once and read as "nothing usable here" -------------
+
+_reported: set[tuple[str, int, int]] = set()
+
+
+def report_damaged(path: Path, why: str) -> None:
+    """One warning line on stderr per damaged file (and version of it) in this process."""
+    try:
+        stat = path.stat()
+        key = (str(path), stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        key = (str(path), 0, 0)
+    if key in _reported:
+        return
+    _reported.add(key)
+    print(f"warning: {path} is damaged ({why}); the cell counts as unfinished and `pe-bench run` redoes it",
+          file=sys.stderr)  # fmt: skip
+
+
+def _parse_record(path: Path) -> tuple[CellRecord | None, str]:
+    """(record, "") or (None, why it cannot be read)."""
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return None, f"{type(err).__name__}: {err}"
+    if not isinstance(payload, dict):
+        return None, f"expected a JSON object, found {type(payload).__name__}"
+    try:
+        record = _RECORD_SCHEMA.validate_python(payload)
+    except pydantic.ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "record"
+        return None, f"{where}: {first['msg']}" + (f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else "")
+    if record.status not in STATUSES:
+        return None, f"status {record.status!r} is none of {', '.join(STATUSES)}"
+    return record, ""
+
+
 def read_record(directory: Path) -> CellRecord | None:
-    path = directory / RECORD
+    """The cell's record; None when there is none or it is damaged (then reported once)."""
+    path = Path(directory) / RECORD
     if not path.is_file():
         return None
-    return CellRecord(**json.loads(path.read_text()))
+    record, why = _parse_record(path)
+    if why:
+        report_damaged(path, why)
+    return record
+
+
+def read_config(directory: Path) -> tuple[dict[str, Any] | None, str]:
+    """(the cell's resolved config, "") or (None, why there is none usable)."""
+    path = Path(directory) / CONFIG
+    if not path.is_file():
+        return None, f"its {CONFIG} is missing"
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    else:
+        if isinstance(config, dict):
+            return config, ""
+        why = f"expected a mapping, found {type(config).__name__}"
+    report_damaged(path, why)
+    return None, f"its {CONFIG} is damaged"
+
+
+@dataclass
+class StoredCell:
+    """What a cell directory holds, and whether it can be reused instead of training again."""
+
+    record: CellRecord | None  # None: nothing readable stored
+    config: dict[str, Any] | None = None  # the resolved config of a trained (ok) cell
+    problem: str = ""  # why a stored result cannot be reused ("" when it can, or nothing is stored)
+
+    @property
+    def finished(self) -> bool:
+        """Trained (with its config, so the configuration check can be made) or n/a."""
+        return self.record is not None and not self.problem and self.record.status in (STATUS_OK, STATUS_NA)
+
+
+def read_cell(directory: Path) -> StoredCell:
+    directory = Path(directory)
+    path = directory / RECORD
+    if not path.is_file():
+        return StoredCell(None)
+    record = read_record(directory)
+    if record is None:
+        return StoredCell(None, problem=f"its {RECORD} is damaged")
+    if record.status != STATUS_OK:
+        return StoredCell(record)
+    config, problem = read_config(directory)
+    # Without its config a trained cell cannot be checked against what is asked now
+    # (check_consistency), so it must not be reused.
+    return StoredCell(record, config, problem)
+
+
+def load_records(out: Path) -> list[CellRecord]:
+    """Every readable record under ``out``; damaged ones are reported and left out."""
+    runs = Path(out) / "runs"
+    if not runs.is_dir():
+        return []
+    records = (read_record(p.parent) for p in sorted(runs.glob(f"*/*/seed*/{RECORD}")))
+    return [r for r in records if r is not None]
 
 
 def write_record(directory: Path, record: CellRecord) -> None:
@@ -77,9 +202,12 @@ def write_record(directory: Path, record: CellRecord) -> None:
     write_json_atomic(directory / RECORD, asdict(record))
 
 
+# --- training a cell: staging and promotion (only by the holder of the cell's lock) ----------
+
+
 def staging_dir(final: Path) -> Path:
-    """A fresh hidden sibling of ``final`` to train in."""
-    # Leftovers of an interrupted earlier attempt at this cell are worthless: remove them.
+    """A fresh hidden sibling of ``final`` to train in. Call it only while holding the cell's
+    ``CellLock``: then every older staging folder is a dead process's leftover."""
     for stale in final.parent.glob(f".{final.name}.partial-*"):
         shutil.rmtree(stale, ignore_errors=True)
     staging = final.with_name(f".{final.name}.partial-{os.getpid()}")
@@ -88,17 +216,216 @@ def staging_dir(final: Path) -> Path:
 
 
 def promote(staging: Path, final: Path) -> None:
-    """Replace ``final`` with the finished ``staging`` directory."""
+    """Replace ``final`` with the finished ``staging`` directory (two renames: a reader sees the
+    old cell or the new one, or for an instant none; never a mix)."""
     if final.exists():
-        shutil.rmtree(final)
-    os.replace(staging, final)
+        old = final.with_name(f".{final.name}.replaced-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(staging, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, final)
 
 
-def load_records(out: Path) -> list[CellRecord]:
-    runs = Path(out) / "runs"
-    if not runs.is_dir():
-        return []
-    return [CellRecord(**json.loads(p.read_text())) for p in sorted(runs.glob(f"*/*/seed*/{RECORD}"))]
+# --- one process per cell: CellLock ----------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time in clock ticks since boot) of a Linux process; None elsewhere or if gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rpartition(")")[2].split()  # the command name may contain spaces and ')'
+    return fields[0], fields[19]  # fields 3 and 22 of proc(5)
+
+
+def process_alive(pid: int, start: str | None = None) -> bool:
+    """Whether process ``pid`` of this host runs; ``start`` (its /proc start time when the lock
+    was taken) tells a reused pid from the original process."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        pass
+    stat = _proc_stat(pid)
+    if stat is None:
+        return True
+    state, started = stat
+    return state not in ("Z", "X") and (start is None or started == start)
+
+
+@dataclass(frozen=True)
+class LockOwner:
+    """Who holds a cell lock, as written in the lock file."""
+
+    pid: int = 0
+    host: str = "?"
+    started: str = "?"
+    token: str = ""
+    process_start: str | None = None
+
+    def describe(self) -> str:
+        if self.token.startswith(_UNREADABLE):
+            return "an owner whose lock file cannot be read (yet)"
+        return f"pid {self.pid} on host {self.host}, since {self.started}"
+
+
+_UNREADABLE = "unreadable:"
+
+
+def _parse_owner(text: str) -> LockOwner:
+    try:
+        payload = json.loads(text)
+        return LockOwner(**{k: payload[k] for k in ("pid", "host", "started", "token", "process_start")})
+    except (ValueError, KeyError, TypeError):  # empty while its creator writes it, or damaged
+        return LockOwner(token=f"{_UNREADABLE}{text}")
+
+
+class CellBusyError(RuntimeError):
+    """The cell is being trained by another live process."""
+
+
+class CellLock:
+    """Exclusive claim of one cell by one process, across processes and hosts sharing ``--out``.
+
+    The lock is the file ``.seed<N>.lock`` next to the cell, created atomically (O_CREAT|O_EXCL)
+    with its owner's pid, host and start time. While held, a daemon thread touches it every
+    ``heartbeat`` seconds. A lock is stale, and is broken with a message, when its owner is
+    on this host and no longer runs, or on another host and has not touched it for
+    ``stale_after`` seconds (default 10 minutes: keep it well above ``heartbeat``; the hosts'
+    clocks must roughly agree). Only the holder may remove the cell's staging leftovers.
+
+        lock = CellLock(cell)
+        if lock.acquire():
+            with lock:
+                ...             # train the cell
+        else:
+            print(lock.owner.describe())
+    """
+
+    def __init__(self, final: Path, stale_after: float = 600.0, heartbeat: float = 30.0, say=None):
+        self.final = Path(final)
+        self.path = self.final.with_name(f".{self.final.name}.lock")
+        self.stale_after = stale_after
+        self.heartbeat = heartbeat
+        self.say = say or (lambda message: print(message, file=sys.stderr))
+        self.owner: LockOwner | None = None  # the live owner found by the last failed acquire()
+        self._token: str | None = None
+        self._stop = threading.Event()
+        self._beater: threading.Thread | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._token is not None
+
+    def acquire(self) -> bool:
+        """Take the lock (breaking a stale one); False if a live owner holds it (see ``owner``)."""
+        if self.held:
+            return True
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):  # each retry follows a broken stale lock; a race may need another go
+            if self._create():
+                return True
+            found = self._read()
+            if found is None:  # released meanwhile
+                continue
+            owner, age = found
+            why = self._stale_reason(owner, age)
+            if why is None:
+                self.owner = owner
+                return False
+            self._break(owner, why)
+        self.owner = (self._read() or (LockOwner(), 0.0))[0]
+        return False
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._beater is not None:
+            self._beater.join(timeout=5)
+        if self._token is not None and not self.lost:
+            self.path.unlink(missing_ok=True)
+        self._token = None
+
+    def current_owner(self) -> LockOwner | None:
+        """Who holds the lock now (None: nobody)."""
+        found = self._read()
+        return None if found is None else found[0]
+
+    @property
+    def lost(self) -> bool:
+        """True if the lock file no longer holds this process's claim (it was broken as stale)."""
+        found = self._read()
+        return found is None or found[0].token != self._token
+
+    def __enter__(self) -> CellLock:
+        if not self.acquire():
+            raise CellBusyError(f"{self.final} is being trained by {self.owner.describe()}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def _create(self) -> bool:
+        token = uuid.uuid4().hex
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        stat = _proc_stat(os.getpid())
+        owner = LockOwner(
+            pid=os.getpid(),
+            host=HOST,
+            started=datetime.now().isoformat(timespec="seconds"),
+            token=token,
+            process_start=stat[1] if stat else None,
+        )
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(asdict(owner)))
+        self._token = token
+        self._stop = threading.Event()
+        self._beater = threading.Thread(target=self._beat, name=f"heartbeat {self.path}", daemon=True)
+        self._beater.start()
+        return True
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat):
+            with contextlib.suppress(OSError):  # broken or removed meanwhile: ``lost`` tells the owner
+                os.utime(self.path)
+
+    def _read(self) -> tuple[LockOwner, float] | None:
+        """(owner, seconds since its last heartbeat), or None if there is no lock file."""
+        try:
+            age = time.time() - self.path.stat().st_mtime
+            return _parse_owner(self.path.read_text()), age
+        except FileNotFoundError:
+            return None
+
+    def _stale_reason(self, owner: LockOwner, age: float) -> str | None:
+        if owner.token.startswith(_UNREADABLE):
+            return f"unreadable and untouched for {age:.0f} s" if age > self.stale_after else None
+        if owner.host == HOST:
+            return None if process_alive(owner.pid, owner.process_start) else f"process {owner.pid} is gone"
+        return f"no heartbeat for {age / 60:.0f} min" if age > self.stale_after else None
+
+    def _break(self, owner: LockOwner, why: str) -> None:
+        """Remove the stale lock file judged above, but never a fresh one that replaced it."""
+        aside = self.path.with_name(f"{self.path.name}.broken-{uuid.uuid4().hex[:8]}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        if _parse_owner(aside.read_text()).token != owner.token:  # a new owner took it in between: give it back
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, self.path)
+            aside.unlink(missing_ok=True)
+            return
+        aside.unlink(missing_ok=True)
+        self.say(f"breaking the stale lock {self.path} of {owner.describe()}: {why}")
 
 
 def _version(package: str) -> str | None:

@@ -1,4 +1,7 @@
-"""PaPE model analysis (pape.txt Section 5.6, Eq. 15-16, Figure 3).
+"""PaPE model analysis (PaPE Section 5.6, Eq. 15-16, Figure 3).
+
+PaPE: Øhrstrøm et al., "Where to Attend: A Principled Vision-Centric Position Encoding with
+Parabolas".
 
 PaPE's logits split into a positional part <a_i, Δr²> + <b_i, Δr> and a semantic part
 <q_i, k_j>, so attention factorises as A_ij = P_ij Y_ij / γ_i with P = exp(positional),
@@ -8,6 +11,8 @@ Y = exp(semantic), γ_i = Σ_j P_ij Y_ij. The per-head score
 
 is positive for heads that lean on positions and negative for heads driven by content. The
 top-attended keys of a query are the fewest keys whose cumulative attention reaches τ.
+P and Y are taken normalised over each query's keys (see ``head_scores``): attention is the
+same, and z no longer blows up (1e11 and more) on logits offset by a constant per query.
 """
 
 from __future__ import annotations
@@ -33,19 +38,36 @@ def top_attended(attention: Tensor, tau: float) -> Tensor:
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
-def head_scores(semantic: Tensor, positional: Tensor, tau: float, key_valid: Tensor | None = None) -> Tensor:
-    """z per head (Eq. 16) from scaled semantic and positional logits (B, H, Nq, Nk) -> (H,)."""
+def head_scores(
+    semantic: Tensor, positional: Tensor, tau: float, key_valid: Tensor | None = None, query_valid: Tensor | None = None
+) -> Tensor:
+    """z per head (Eq. 16) from scaled semantic and positional logits (B, H, Nq, Nk) -> (H,),
+    over the keys ``key_valid`` (B, Nk) and the queries ``query_valid`` (B, Nq) (default: all).
+
+    P and Y are each normalised over a query's keys (P̃ = softmax(positional), Ỹ =
+    softmax(semantic), γ̃ = Σ_j P̃ Ỹ). Attention is unchanged (A = P̃ Ỹ / γ̃), but z no longer
+    depends on a constant added to all logits of a query, which softmax ignores and the model
+    is free to learn: semantic logits all near -27 for some query (q_i·k_j of near-zero
+    variance over j, far from zero) make the raw Y = exp(q·k) ≈ e^-27, γ as small, and P/γ
+    about 5e11 - z-scores of 1e11 to 1e18 on a trained tiny model. Normalised, a query's z
+    over all its keys is exactly 0, and the top-attended keys say which factor chose them.
+    """
     semantic, positional = semantic.double(), positional.double()
-    total = semantic + positional
     if key_valid is not None:
-        total = total.masked_fill(~key_valid[:, None, None, :], float("-inf"))
-    log_gamma = torch.logsumexp(total, dim=-1, keepdim=True)
-    attention = torch.exp(total - log_gamma)
-    # (P - Y)/γ computed in log space: exp(pos - log γ) - exp(sem - log γ) never overflows.
-    z = torch.exp(positional - log_gamma) - torch.exp(semantic - log_gamma)
+        invalid = ~key_valid[:, None, None, :]
+        semantic = semantic.masked_fill(invalid, float("-inf"))
+        positional = positional.masked_fill(invalid, float("-inf"))
+    log_p = positional.logsumexp(-1, keepdim=True)  # log Σ_j P_ij
+    log_y = semantic.logsumexp(-1, keepdim=True)  # log Σ_j Y_ij
+    log_total = (semantic + positional).logsumexp(-1, keepdim=True)  # log γ_i
+    attention = torch.exp(semantic + positional - log_total)
+    # (P̃ - Ỹ)/γ̃ in log space, with log γ̃ = log γ - log ΣP - log ΣY: nothing overflows.
+    z = torch.exp(positional + log_y - log_total) - torch.exp(semantic + log_p - log_total)
     keep = top_attended(attention, tau)
     if key_valid is not None:
         keep &= key_valid[:, None, None, :]
+    if query_valid is not None:
+        keep &= query_valid[:, None, :, None]
     z = torch.where(keep, z, torch.zeros_like(z))
     return (z.sum(dim=(0, 2, 3)) / keep.sum(dim=(0, 2, 3)).clamp_min(1)).float()
 
@@ -84,8 +106,16 @@ def pape_head_scores(model: torch.nn.Module, batch: Tensor, tau: float = 0.8) ->
     for attn, x, layout in captured:
         semantic, positional = _split_logits(attn, x, layout)
         # CLS and other position-free tokens have no positional term: keep positioned pairs.
-        rows.append(head_scores(semantic, positional, tau, layout.valid).numpy())
+        positioned = layout.positioned
+        rows.append(head_scores(semantic, positional, tau, positioned, positioned).numpy())
     return np.stack(rows)
+
+
+def head_name(scores: np.ndarray, which: str = "max") -> str:
+    """``"L3 H4"`` (counted from 1) for the head with the largest (``"max"``) or smallest z."""
+    flat = int(scores.argmax() if which == "max" else scores.argmin())
+    layer, head = np.unravel_index(flat, scores.shape)
+    return f"L{int(layer) + 1} H{int(head) + 1}"
 
 
 def plot_heatmap(scores: np.ndarray, path: Path, title: str) -> None:

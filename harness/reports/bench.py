@@ -2,8 +2,13 @@
 training-step time, peak memory, positional parameters, the SDPA kernel used), each relative
 to ``nopos`` measured in the same run; and a sequence-length sweep of one attention layer.
 
-Timing interleaves the methods within every repeat (so drift of a noisy machine hits all
-of them alike) and reports the median. Peak memory on CPU is the peak resident set of a
+Timing uses ``torch.utils.benchmark`` (it synchronises CUDA, pins the thread count and
+warms up before each sample) and interleaves the methods within every repeat, so drift of
+a noisy machine hits all of them alike. Each time is reported as the median with its
+interquartile range (``*_iqr``) beside it. FLOPs per image come from
+``torch.utils.flop_counter.FlopCounterMode`` on one inference forward: matrix products,
+convolutions and attention; elementwise work (RoPE's rotation, softmax) is not counted.
+Peak memory on CPU is the peak resident set of a
 fresh subprocess per point above the bare interpreter with torch loaded (torch has no CPU
 allocator statistics), so it includes weights and inputs; on CUDA it is
 ``max_memory_allocated`` during the forward.
@@ -15,7 +20,6 @@ import copy
 import json
 import math
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -24,9 +28,12 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from torch.utils import benchmark
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout
 from pe_bench.adapters import build as build_encoding
+from pe_bench.adapters.base import positional_parameters
 from pe_bench.harness.attention import Attention
 from pe_bench.harness.config import ModelConfig
 from pe_bench.tasks._shared.vit import ViT, image_geometry
@@ -55,11 +62,12 @@ class BenchSpec:
     repeats: int = 10
     image_size: int | None = None
     device: str = "cpu"
+    threads: int | None = None  # torch threads while timing (None: torch's current setting)
     compile: bool = False  # torch.compile every model (pe-bench bench --compile)
 
 
 def _positional_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for n, p in model.named_parameters() if "encoding" in n.split("."))
+    return sum(p.numel() for _, p in positional_parameters(model))
 
 
 def _build_vit(method: str, spec: BenchSpec) -> tuple[torch.nn.Module, int]:
@@ -73,11 +81,6 @@ def _build_vit(method: str, spec: BenchSpec) -> tuple[torch.nn.Module, int]:
     if spec.compile:
         model.compile()
     return model.eval().to(spec.device), size
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def _autocast(device: str):
@@ -147,27 +150,26 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
         if spec.train_batch:
             images = torch.randn(spec.train_batch, 3, size, size, device=spec.device)
             jobs[method].append((f"train_step_ms_b{spec.train_batch}", 1, _TrainStep(model, images, spec.device)))
-    times: dict[tuple[str, str], list[float]] = {}
-    for method in methods:  # warm-up: allocator, kernels, caches
-        for _, _, job in jobs[method]:
-            job()
+    threads = spec.threads or torch.get_num_threads()
+    samples: dict[tuple[str, str], list[benchmark.Measurement]] = {}
     for _ in range(spec.repeats):  # interleaved, so a noisy machine's drift hits every method alike
         for method in methods:
-            for column, per_call, job in jobs[method]:
-                _sync(spec.device)
-                start = time.perf_counter()
-                job()
-                _sync(spec.device)
-                times.setdefault((method, column), []).append((time.perf_counter() - start) * 1000 / per_call)
+            for column, _, job in jobs[method]:
+                timer = benchmark.Timer("job()", globals={"job": job}, num_threads=threads, label=column,
+                                        sub_label=method)  # fmt: skip
+                samples.setdefault((method, column), []).append(timer.timeit(number=1))
+    times = {key: benchmark.Measurement.merge(measured)[0] for key, measured in samples.items()}
     memory = {m: vit_peak_memory(m, spec) for m in methods}
     first = inputs[spec.batches[0]]
     rows = []
     for method in methods:
         row: dict[str, object] = {"method": method}
-        for column, _, _ in jobs[method]:
-            median = statistics.median(times[(method, column)])
-            row[column] = round(median, 3)
-            row[f"{column}_vs_nopos"] = round(median / statistics.median(times[("nopos", column)]), 3)
+        for column, per_call, _ in jobs[method]:
+            measured = times[(method, column)]
+            row[column] = round(measured.median * 1000 / per_call, 3)
+            row[f"{column}_iqr"] = round(measured.iqr * 1000 / per_call, 3)
+            row[f"{column}_vs_nopos"] = round(measured.median / times[("nopos", column)].median, 3)
+        row["gflops_per_image"] = round(flops_per_image(models[method], size, spec.device) / 1e9, 4)
         row["peak_mib"] = memory[method]
         row["mem_vs_nopos"] = None if not memory["nopos"] or memory[method] is None else round(
             memory[method] / memory["nopos"], 3
@@ -177,6 +179,22 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
         row["sdpa"] = sdpa_backend(models[method], first, spec.device)
         rows.append(row)
     return pd.DataFrame(rows).set_index("method")
+
+
+def _cpu_flash_attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# The CPU kernel of fused attention, which FlopCounterMode does not know (it counts the CUDA ones).
+_EXTRA_FLOP_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops}
+
+
+def flops_per_image(model: torch.nn.Module, size: int, device: str) -> int:
+    """FLOPs of one inference forward of one image (FlopCounterMode: matmuls, convolutions, attention)."""
+    images = torch.randn(1, 3, size, size, device=device)
+    with torch.inference_mode(), FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS) as counter:
+        model.eval()(images)
+    return counter.get_total_flops()
 
 
 def vit_peak_memory(method: str, spec: BenchSpec) -> float | None:
@@ -503,17 +521,14 @@ def _failure(error: BaseException) -> str:
     return f"error: {' '.join(lines[:2])[:80]}"  # pydantic names the bad key on line 2
 
 
-def _images_per_second(job, batch: int, repeats: int, device: str) -> float:
-    job()  # warm-up (compilation, allocator, autotuning)
+def _images_per_second(job, batch: int, spec: BenchSpec) -> float:
+    """Median img/s over ``spec.repeats`` calls after two warm-up calls (compilation,
+    allocator, autotuning); ``torch.utils.benchmark`` synchronises CUDA, as forward_table."""
     job()
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        job()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return round(batch / statistics.median(times), 1)
+    job()
+    timer = benchmark.Timer("job()", globals={"job": job}, num_threads=spec.threads or torch.get_num_threads())
+    samples = [timer.timeit(number=1) for _ in range(spec.repeats)]
+    return round(batch / benchmark.Measurement.merge(samples)[0].median, 1)
 
 
 def _measure_method(method: str, spec: BenchSpec) -> dict[str, object]:
@@ -540,7 +555,7 @@ def _measure_method(method: str, spec: BenchSpec) -> dict[str, object]:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
             try:
-                row[f"{mode}_img_s_b{batch}"] = _images_per_second(job, batch, spec.repeats, spec.device)
+                row[f"{mode}_img_s_b{batch}"] = _images_per_second(job, batch, spec)
             except Exception as error:  # OOM, a kernel that refuses the shapes, ...
                 row[f"{mode}_img_s_b{batch}"] = _failure(error)
             if mode == "train" and batch == max(spec.batches):

@@ -10,10 +10,15 @@ under ``<out>/extrapolation/<task>/``:
     table6.md     with interpolation, and the change against table 5 per cell (Table 6)
     table7.md     per method the better of the two settings (Table 7)
     figure.png/.pdf  accuracy against resolution, one line per method (Figure 1c)
+
+Finished cells without a usable checkpoint (best.ckpt or config.yaml missing) are named on
+the console and under each table, never silently left out.
 """
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,17 +67,62 @@ class Cell:
     directory: Path
 
 
-def finished_cells(out: Path, task: str, methods: list[str] | None) -> list[Cell]:
-    cells = []
+def _trained_cells(out: Path, task: str, methods: list[str] | None) -> Iterator[tuple[Cell, str]]:
+    """Every trained (ok) cell of ``task`` with why it cannot be evaluated ("" if it can)."""
     for record in store.load_records(out):
         if record.task != task or record.status != store.STATUS_OK:
             continue
         if methods is not None and record.method not in methods:
             continue
         directory = store.cell_dir(out, task, record.method, record.seed)
-        if (directory / "best.ckpt").is_file():
-            cells.append(Cell(record.method, record.seed, directory))
-    return cells
+        problem = ""
+        if not (directory / "best.ckpt").is_file():
+            problem = f"no best.ckpt in {directory}"
+        elif why := store.read_config(directory)[1]:
+            problem = f"{why.removeprefix('its ')} in {directory}"
+        yield Cell(record.method, record.seed, directory), problem
+
+
+def finished_cells(out: Path, task: str, methods: list[str] | None) -> list[Cell]:
+    return [cell for cell, problem in _trained_cells(out, task, methods) if not problem]
+
+
+def cells_without_checkpoint(out: Path, task: str, methods: list[str] | None) -> list[str]:
+    """``"rope seed 1: no best.ckpt in <dir>"`` for each trained cell that cannot be evaluated."""
+    return [f"{cell.method} seed {cell.seed}: {problem}" for cell, problem in _trained_cells(out, task, methods)
+            if problem]  # fmt: skip
+
+
+def evaluable_cells(out: Path, task: str, methods: list[str] | None) -> tuple[list[Cell], list[str]]:
+    """(cells to evaluate, the trained cells left out and why); an error if there is none."""
+    cells = finished_cells(out, task, methods)
+    left_out = cells_without_checkpoint(out, task, methods)
+    if not cells:
+        raise FileNotFoundError(
+            f"no finished {task} cells with checkpoints under {out}/runs/{task}/"
+            + (f" (left out: {'; '.join(left_out)})" if left_out else "")
+            + f"; run `pe-bench run --tasks {task} --methods ...` first"
+        )
+    return cells, left_out
+
+
+def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The ``state_dict`` of a Lightning checkpoint, loaded with ``weights_only``: a checkpoint
+    in a shared results folder must not be able to run code when it is read."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = next((line for line in str(err).splitlines() if "GLOBAL" in line), "").strip()
+        raise ValueError(
+            f"{path} is not a plain weights checkpoint ({found or 'it holds Python objects'}); refused to load it, "
+            "since unpickling it could run code. Retrain that cell, or load the file yourself if you trust it."
+        ) from None
+    except (RuntimeError, EOFError, OSError) as err:
+        first = (str(err).splitlines() or [""])[0]
+        raise ValueError(f"{path} cannot be read ({type(err).__name__}: {first}); retrain that cell") from None
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise ValueError(f"{path} holds no 'state_dict'; it is not a checkpoint of `pe-bench run`")
+    return checkpoint["state_dict"]
 
 
 def load_cell(directory: Path, data_root: Path | None):
@@ -83,8 +133,7 @@ def load_cell(directory: Path, data_root: Path | None):
     config = RunConfig(**resolved)
     task = get_task(config.task)(config, data_root)
     model = task.build_model(EncodingFactory(encoding, options))
-    # weights_only: a checkpoint in a shared results folder must not be able to run code.
-    state = torch.load(directory / "best.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    state = load_weights(directory / "best.ckpt")
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
     return task, model.eval(), encoding
 
@@ -107,23 +156,28 @@ def evaluate_grid(
     out: Path, task_name: str, resolutions: list[tuple[int, int]], methods: list[str] | None = None,
     data_root: Path | None = None, say=print,
 ) -> pd.DataFrame:  # fmt: skip
-    cells = finished_cells(out, task_name, methods)
-    if not cells:
-        raise FileNotFoundError(
-            f"no finished {task_name} cells with checkpoints under {out}/runs/{task_name}/; "
-            f"run `pe-bench run --tasks {task_name} --methods ...` first"
-        )
+    cells, left_out = evaluable_cells(out, task_name, methods)
+    for line in left_out:
+        say(f"  left out, no usable checkpoint: {line}")
     test_sets: dict[tuple[int, int], object] = {}
     rows = []
     for cell in cells:
         task, model, encoding = load_cell(cell.directory, data_root)
         train = (task.data.image_size, task.data.image_size)
-        data = task.datamodule(seed=0)
+        data = task.datamodule(seed=cell.seed)
+        data.setup("test")
         interpolable = get_encoding(encoding).supports_position_interpolation
         for size in resolutions:
-            if size not in test_sets:
-                test_sets[size] = data.test_set_at(*size)
-            loader = data.loader(test_sets[size])
+            if size == train:
+                # The cell's own test split, built as in training: the 1x column is the score the
+                # cell recorded (without test-time augmentation, as ``test_acc_without_tta``).
+                # A test set made at another resolution may differ (tiny data is regenerated).
+                test_set = data.splits["test"]
+            else:
+                if size not in test_sets:
+                    test_sets[size] = data.test_set_at(*size)
+                test_set = test_sets[size]
+            loader = data.loader(test_set)
             for interpolate in (False, True):
                 value = None
                 if not interpolate or interpolable:
@@ -141,7 +195,9 @@ def evaluate_grid(
                 )
         model.position_scale = 1.0
         say(f"  {task_name} · {cell.method} · seed {cell.seed}: evaluated at {len(resolutions)} resolutions")
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame.attrs["left_out"] = left_out  # noted under the tables (write_extrapolation)
+    return frame
 
 
 def _pivot(frame: pd.DataFrame, interpolate: bool) -> pd.DataFrame:
@@ -226,9 +282,12 @@ def write_extrapolation(out: Path, task_name: str, frame: pd.DataFrame, train_la
         "table6": "With position interpolation (positions x train/test size); change against table 5 in brackets.",
         "table7": "Best configuration per encoding (the setting with the higher mean over resolutions).",
     }
+    left_out = frame.attrs.get("left_out") or []
+    note = "".join(f"\n- {line}" for line in left_out)
+    note = f"\nLeft out (trained, but no usable checkpoint):{note}\n" if left_out else ""
     text = []
     for name, table in tables.items():
-        body = f"{captions[name]}\n\n{table}\n"
+        body = f"{captions[name]}\n\n{table}\n{note}"
         (target / f"{name}.md").write_text(body)
         text.append(f"### {name}\n{body}")
     plot(frame, target / "figure", f"{task_name}: accuracy vs resolution (trained at {train_label})")

@@ -11,20 +11,26 @@ stored as printed: ``80.6``, ``"-"`` for an empty cell, ``"27.66±0.10"``, ``"18
     list_tables()                    -> one row per stored table
     compare(records, "pape:table1")  -> (ours next to the paper's, notes)
     render_comparison(frame, notes)  -> Markdown
+    write_comparison(out, "pape:table1") -> the same, saved as out/paper_comparison_pape_table1.md/.csv
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import yaml
 
 from pe_bench.harness.grid import store
+
+from . import tables
+from .stats import kendall_tau_b
 
 PAPERS = ("pape", "cape", "string", "sape2", "wepe")
 _CELL = re.compile(
@@ -206,23 +212,6 @@ def _ranks(values: pd.Series, higher_is_better: bool) -> pd.Series:
     return values.rank(method="min", ascending=not higher_is_better)
 
 
-def _sign(x: float) -> int:
-    return int(x > 0) - int(x < 0)
-
-
-def _kendall_tau(a: pd.Series, b: pd.Series) -> float:
-    """Kendall's tau-a between two score series over the same methods (ties count as 0)."""
-    keys = list(a.index)
-    n = len(keys)
-    if n < 2:
-        return float("nan")
-    total = 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            total += _sign(a[keys[i]] - a[keys[j]]) * _sign(b[keys[i]] - b[keys[j]])
-    return total / (n * (n - 1) / 2)
-
-
 def _paper_rows_by_method(frame: pd.DataFrame) -> tuple[dict[str, str], list[str]]:
     """method -> row key; where the paper has several settings of a method, the row without a
     setting wins, else the first one (and a note says which)."""
@@ -243,23 +232,34 @@ def _paper_rows_by_method(frame: pd.DataFrame) -> tuple[dict[str, str], list[str
 COMPARISON_COLUMNS = ["task", "method", "ours", "paper", "diff", "rank_ours", "rank_paper", "n_seeds", "profile"]
 
 
-def compare(records: list[store.CellRecord], ref: str) -> tuple[pd.DataFrame, list[str]]:
+def compare(results: tables.StoredResults | Iterable[store.CellRecord], ref: str) -> tuple[pd.DataFrame, list[str]]:
     """Ours next to the paper's for the (method, task) cells both have.
 
-    One row per shared cell: our mean over successful seeds, the paper's value, the
+    One row per shared cell: our mean over finished seeds, the paper's value, the
     difference (ours - paper), and the method's rank among the shared methods of that task in
     ours and in the paper (1 = best, respecting lower-is-better columns). ``notes`` explain
-    what could not be matched, the ranking agreement per task, and, for ``tiny``-profile
-    records, that only the ranking is comparable.
+    what could not be matched, the ranking agreement per task (Kendall's τ-b with its
+    p-value), cells holding fewer seeds than asked for, cells left out for another
+    configuration than their task's, and, for ``tiny``-profile records, that only the ranking
+    is comparable.
     """
-    from .tables import summary
-
+    results = tables.as_results(results)
+    records = results.records
     paper = load_paper_table(ref)
     attrs = paper.attrs
     notes = [_source_line(paper)]
     rows_by_method, row_notes = _paper_rows_by_method(paper)
-    stats = summary(records)
-    stats = stats[stats["status"] == store.STATUS_OK] if not stats.empty else stats
+    stats = tables.summary(results)
+    finished = stats["status"].isin([store.STATUS_OK, tables.STATUS_PARTIAL]) & stats["mean"].notna()
+    odd = stats[finished & ~stats["config_ok"].astype(bool)]
+    if len(odd):
+        cells = ", ".join(f"{r.task}/{r.method}" for r in odd.itertuples())
+        notes.append(f"Left out, trained in another configuration than the rest of their task: {cells}.")
+    stats = stats[finished & stats["config_ok"].astype(bool)]
+    partial = stats[stats["status"] == tables.STATUS_PARTIAL]
+    if len(partial):
+        cells = ", ".join(f"{r.task}/{r.method} ({r.n}/{r.asked})" for r in partial.itertuples())
+        notes.append(f"Holding fewer seeds than asked for (mean of those held): {cells}.")
     profiles: dict[tuple[str, str], str] = {}
     for r in records:
         if r.status == store.STATUS_OK:
@@ -303,12 +303,13 @@ def compare(records: list[store.CellRecord], ref: str) -> tuple[pd.DataFrame, li
         frame.loc[group.index, "rank_ours"] = _ranks(group["ours"], better)
         frame.loc[group.index, "rank_paper"] = _ranks(group["paper"], better)
         if len(group) >= 2:
-            tau = _kendall_tau(group.set_index("method")["ours"], group.set_index("method")["paper"])
+            tau, p_value = kendall_tau_b(list(group["ours"]), list(group["paper"]))
             same = (frame.loc[group.index, "rank_ours"] == frame.loc[group.index, "rank_paper"]).all()
+            agreement = "undefined: one side has all scores tied" if pd.isna(tau) else f"{tau:+.2f}, p = {p_value:.2g}"
             notes.append(
                 f"{task}: {len(group)} methods in both; ranking "
                 + ("identical" if same else "differs")
-                + f" (Kendall τ = {tau:+.2f})."
+                + f" (Kendall τ-b = {agreement})."
             )
         else:
             notes.append(f"{task}: only one method in both, nothing to rank.")
@@ -361,6 +362,26 @@ def render_comparison(frame: pd.DataFrame, notes: list[str], decimals: int = 2) 
     return head + table + "\n\n" + "\n".join(f"- {note}" for note in rest)
 
 
-def compare_markdown(records: list[store.CellRecord], ref: str) -> str:
-    frame, notes = compare(records, ref)
+def compare_markdown(results: tables.StoredResults | Iterable[store.CellRecord], ref: str) -> str:
+    frame, notes = compare(results, ref)
     return render_comparison(frame, notes, decimals=max(2, load_paper_table(ref).attrs["decimals"]))
+
+
+def comparison_stem(ref: str) -> str:
+    """File name (without suffix) of the comparison with ``ref``: ``paper_comparison_pape_table1``."""
+    paper, table = _split_ref(ref)
+    return f"paper_comparison_{paper}_{table}"
+
+
+def write_comparison(out: Path, ref: str) -> str:
+    """Ours (the stored cells under ``out``) next to the paper's table ``ref``, written as
+    ``<out>/paper_comparison_<paper>_<table>.md`` and ``.csv``; returns the Markdown."""
+    out = Path(out)
+    frame, notes = compare(tables.load_results(out), ref)
+    markdown = f"Ours next to `{ref}`.\n\n" + render_comparison(
+        frame, notes, decimals=max(2, load_paper_table(ref).attrs["decimals"])
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{comparison_stem(ref)}.md").write_text(markdown + "\n")
+    frame.to_csv(out / f"{comparison_stem(ref)}.csv", index=False)
+    return markdown

@@ -30,9 +30,9 @@ def _principles_markdown() -> str:
     return principles_table().to_markdown()
 
 
-def _matrix_figure(records: list[store.CellRecord], path: Path) -> bool:
+def _matrix_figure(results: tables.StoredResults, path: Path) -> bool:
     """Grouped bars: one group per task, one bar per method (mean over seeds, std as error bar)."""
-    means, stds, labels = tables.matrix(records)
+    means, stds, labels = tables.matrix(results)
     means = means.drop(columns=["Average"], errors="ignore")
     stds = stds.reindex_like(means)
     if means.empty or means.notna().sum().sum() == 0:
@@ -120,24 +120,26 @@ def write_report(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     figures = out / FIGURES
-    records = store.load_records(out)
+    results = tables.load_results(out)
+    records = results.records
+    stored = len(records) + len(results.incomplete)
     profiles = sorted({r.profile for r in records})
     sha = store.git_sha() or "unknown"
     lines = [
         "# pe-bench report",
         "",
         f"Generated {dt.datetime.now().isoformat(timespec='seconds')} from `{out}` "
-        f"({len(records)} stored cell(s); profile(s): {', '.join(profiles) or 'none'}; git {sha}).",
+        f"({stored} stored cell(s); profile(s): {', '.join(profiles) or 'none'}; git {sha}).",
         "",
         "Contents: [Result matrix](#result-matrix) · [Principles](#principles) · [Efficiency](#efficiency) · "
         "[Extrapolation](#extrapolation) · [Paper comparison](#paper-comparison)",
         "",
         "## Result matrix",
         "",
-        tables.render(records, "markdown"),
+        tables.render(results, "markdown"),
         "",
     ]
-    if _matrix_figure(records, figures / "matrix.png"):
+    if _matrix_figure(results, figures / "matrix.png"):
         lines += [f"![Result matrix]({FIGURES}/matrix.png)", ""]
 
     lines += ["## Principles", "", "Declared versus measured principles of every registered encoding.", ""]
@@ -165,7 +167,7 @@ def write_report(
         lines += [f"No extrapolation figure under `{_relative(extrapolation, out)}/` yet.", ""]
 
     lines += ["## Paper comparison", ""]
-    frame, notes = papers.compare(records, paper_table)
+    frame, notes = papers.compare(results, paper_table)
     decimals = max(2, papers.load_paper_table(paper_table).attrs["decimals"])
     lines += [f"Ours next to `{paper_table}` for the cells both have.", ""]
     lines += [papers.render_comparison(frame, notes, decimals=decimals), ""]

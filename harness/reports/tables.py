@@ -1,143 +1,532 @@
-"""The result matrix, built with pandas from the stored records only.
+"""The result matrix, built with pandas from the stored cells only.
 
-Methods as rows, tasks as columns (metric named in the header), mean ± std over seeds,
-best in bold and next-best underlined per column (respecting lower-is-better metrics),
-an Average column over higher-is-better columns for methods that have all of them, and
-n/a where the encoding is not defined for the task. Markdown, LaTeX (booktabs) and CSV.
+Methods as rows, tasks as columns (metric named in the header, ↓ for lower-is-better), mean ±
+std over seeds (or ± the half-width of a Student-t confidence interval), an Average column
+over the higher-is-better columns, n/a where the encoding is not defined for the task.
+Markdown, LaTeX (booktabs) and CSV.
+
+What a table guarantees:
+
+- Seeds. A cell shows how many seeds it holds out of those asked for, ``99.60 (1/3)``, unless
+  it holds all of them (the footnote gives the seeds asked for per task). The seeds asked
+  for are those of the task found in the stored records of any of its methods (finished,
+  failed or diverged). A cell without any finished seed reads ``failed`` or ``diverged``.
+- Configuration. Every finished cell's ``config.yaml`` is read. Per task, the configuration
+  most cells share (ignoring the per-method keys and ``RESULT_NEUTRAL_TRAINER_KEYS``) is the
+  task's; a cell trained otherwise is marked ``†`` and the footnote names the differing
+  keys. A finished cell without a readable config.yaml is left out and listed.
+- Ranking. Only complete cells (every seed asked for) of the task's configuration are
+  ranked; a cell with missing seeds or another configuration is never marked best. By
+  default the best cell is bold together with every ranked cell not significantly different
+  from it (two-sided paired t-test over the seeds both hold, α = 0.05): with a few seeds a
+  single bold winner is often noise. The next-best of the rest is underlined. Without a
+  test (fewer than 2 shared seeds), or with ``significance=False``, the best alone is bold.
+
+``table.csv`` holds one machine-readable row per (task, method): ``SUMMARY_COLUMNS``.
 """
 
 from __future__ import annotations
 
+import json
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
+import yaml
 
 from pe_bench.harness.grid import store
 
+from . import latex
+from .stats import paired_p_value, t_interval
 
-def records_frame(records: list[store.CellRecord]) -> pd.DataFrame:
-    rows = [
-        {
-            "task": r.task,
-            "method": r.method,
-            "seed": r.seed,
-            "profile": r.profile,
-            "status": r.status,
-            "metric": r.metric_label,
-            "higher_is_better": r.higher_is_better,
-            "score": r.score,
-        }
-        for r in records
-    ]
-    return pd.DataFrame(
-        rows, columns=["task", "method", "seed", "profile", "status", "metric", "higher_is_better", "score"]
-    )
+CONFIG = "config.yaml"
+# Keys of a cell's config that belong to its method, not to the task's setting.
+PER_METHOD_KEYS = ("method", "encoding", "options", "methods")
+# Trainer keys that cannot change a result: the number of data-loading worker processes only
+# changes how fast batches arrive (the data order is seeded independently of it). Device,
+# precision, thread and time-cap keys can change the numbers and are compared.
+RESULT_NEUTRAL_TRAINER_KEYS = ("num_workers",)
+# Typed config sections: a key missing from one cell's file is a field added to the code since,
+# at its default, not a difference (as the grid runner's consistency check treats it).
+_TYPED_SECTIONS = ("model", "optim")
 
+SUMMARY_COLUMNS = [
+    "task", "method", "metric", "higher_is_better", "mean", "std", "n", "asked", "failed", "diverged",
+    "status", "config_ok", "ci_low", "ci_high", "p_vs_best",
+]  # fmt: skip
+STATUS_PARTIAL = "partial"  # some, not all, of the seeds asked for finished
+STATUS_MISSING = "missing"  # no finished seed, and none failed or diverged
+DEFAULT_CI = 0.95  # table.csv's ci_low/ci_high when no other level is asked for
+ALPHA = 0.05
+AVERAGE = "Average"
 
-def summary(records: list[store.CellRecord]) -> pd.DataFrame:
-    """One row per (task, method): mean, std, n of successful seeds, and the cell status."""
-    frame = records_frame(records)
-    if frame.empty:
-        return pd.DataFrame(columns=["task", "method", "metric", "higher_is_better", "mean", "std", "n", "status"])
-    grouped = frame.groupby(["task", "method"], sort=False)
-    out = grouped.agg(
-        metric=("metric", "first"),
-        higher_is_better=("higher_is_better", "first"),
-        mean=("score", "mean"),
-        std=("score", "std"),
-        n=("score", "count"),
-        status=("status", lambda s: "ok" if (s == "ok").any() else s.iloc[0]),
-        failed=("status", lambda s: int(s.isin([store.STATUS_FAILED, store.STATUS_DIVERGED]).sum())),
-    )
-    return out.reset_index()
+CellKey = tuple[str, str, int]  # (task, method, seed)
 
 
-def _ranks(values: pd.Series, higher_is_better: bool) -> pd.Series:
-    """1 for the best, 2 for the next-best (ties share a rank), NaN for missing."""
-    rounded = values.round(2)
-    return rounded.rank(method="dense", ascending=not higher_is_better)
+class CellConfigError(ValueError):
+    """A finished cell's config.yaml is missing or cannot be read."""
 
 
-def _column_order(stats: pd.DataFrame) -> list[str]:
-    return list(dict.fromkeys(stats["task"]))
+def read_cell_config(directory: Path) -> dict[str, Any]:
+    """The resolved config a cell ran with (its ``config.yaml``); ``CellConfigError`` saying
+    why when there is none or it cannot be read."""
+    path = Path(directory) / CONFIG
+    if not path.is_file():
+        raise CellConfigError(f"no {CONFIG}")
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise CellConfigError(f"unreadable {CONFIG}: {type(err).__name__}") from err
+    if not isinstance(config, dict):
+        raise CellConfigError(f"{CONFIG} is not a mapping")
+    return config
 
 
-def matrix(records: list[store.CellRecord]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
-    """(means, stds) frames with methods as rows and task columns, plus column -> metric label."""
-    stats = summary(records)
-    tasks = _column_order(stats)
+@dataclass(frozen=True)
+class StoredResults:
+    """What the tables are built from.
+
+    ``records``: every stored record that enters the tables. ``configs``: the config of each
+    finished cell among them, or None when not checked (records built in memory).
+    ``incomplete``: finished cells left out because their config.yaml is missing or
+    unreadable, with the reason; their seeds still count as asked for.
+    """
+
+    records: list[store.CellRecord]
+    configs: dict[CellKey, dict[str, Any]] | None = None
+    incomplete: dict[CellKey, str] = field(default_factory=dict)
+
+
+def load_results(out: Path) -> StoredResults:
+    """The stored records under ``out`` with the config.yaml of every finished cell."""
+    records, configs, incomplete = [], {}, {}
+    for record in store.load_records(out):
+        key = _key(record)
+        if record.status == store.STATUS_OK:
+            try:
+                configs[key] = read_cell_config(store.cell_dir(out, *key))
+            except CellConfigError as err:
+                incomplete[key] = str(err)
+                continue
+        records.append(record)
+    return StoredResults(records, configs, incomplete)
+
+
+def _key(record: store.CellRecord) -> CellKey:
+    return record.task, record.method, record.seed
+
+
+def as_results(results: StoredResults | Iterable[store.CellRecord]) -> StoredResults:
+    """Plain records (built in memory) become results whose configurations are not checked."""
+    return results if isinstance(results, StoredResults) else StoredResults(list(results))
+
+
+def _cell_name(key: CellKey) -> str:
+    return f"{key[0]}/{key[1]}/seed{key[2]}"
+
+
+def asked_seeds(results: StoredResults) -> dict[str, list[int]]:
+    """task -> the seeds asked for: those of the task's finished, failed or diverged records of
+    any method (and of the cells left out as incomplete)."""
+    seeds: dict[str, set[int]] = defaultdict(set)
+    for record in results.records:
+        if record.status in (store.STATUS_OK, store.STATUS_FAILED, store.STATUS_DIVERGED):
+            seeds[record.task].add(record.seed)
+    for task, _, seed in results.incomplete:
+        seeds[task].add(seed)
+    return {task: sorted(s) for task, s in seeds.items()}
+
+
+# --- configurations -----------------------------------------------------------------------
+
+_ABSENT = object()
+
+
+def result_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a cell config that can change its result, flattened to dotted names."""
+    tree = {k: v for k, v in config.items() if k not in PER_METHOD_KEYS}
+    if isinstance(tree.get("trainer"), dict):
+        tree["trainer"] = {k: v for k, v in tree["trainer"].items() if k not in RESULT_NEUTRAL_TRAINER_KEYS}
+    return _flatten(tree)
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _fingerprint(flat: dict[str, Any]) -> frozenset[tuple[str, str]]:
+    return frozenset((key, _canonical(value)) for key, value in flat.items())
+
+
+def _show(value: Any) -> str:
+    if value is _ABSENT:
+        return "absent"
+    return value if isinstance(value, str) else _canonical(value)
+
+
+def config_differences(flat: dict[str, Any], reference: dict[str, Any]) -> list[str]:
+    """``key=value (others: value)`` for every result-relevant key where ``flat`` differs."""
+    differences = []
+    for key in sorted(set(flat) | set(reference)):
+        if (key not in flat or key not in reference) and key.split(".")[0] in _TYPED_SECTIONS:
+            continue
+        mine, theirs = flat.get(key, _ABSENT), reference.get(key, _ABSENT)
+        if mine is _ABSENT or theirs is _ABSENT or _canonical(mine) != _canonical(theirs):
+            differences.append(f"{key}={_show(mine)} (others: {_show(theirs)})")
+    return differences
+
+
+@dataclass(frozen=True)
+class ConfigCheck:
+    """``outliers``: cell -> how its configuration differs from its task's. ``ties``: tasks
+    where no single configuration is the most common (the first found is taken)."""
+
+    outliers: dict[CellKey, str]
+    ties: list[str]
+
+
+def check_configs(results: StoredResults) -> ConfigCheck:
+    """Per task, the configuration shared by most finished cells, and the cells trained otherwise."""
+    if results.configs is None:
+        return ConfigCheck({}, [])
+    by_task: dict[str, list[tuple[CellKey, dict[str, Any]]]] = defaultdict(list)
+    for record in results.records:
+        key = _key(record)
+        if key in results.configs:
+            by_task[record.task].append((key, result_config(results.configs[key])))
+    outliers, ties = {}, []
+    for task, cells in by_task.items():
+        counts = Counter(_fingerprint(flat) for _, flat in cells)
+        common = counts.most_common()  # equal counts keep the order first found
+        if len(common) > 1 and common[0][1] == common[1][1]:
+            ties.append(task)
+        reference = next(flat for _, flat in cells if _fingerprint(flat) == common[0][0])
+        for key, flat in cells:
+            differences = config_differences(flat, reference)
+            if differences:
+                outliers[key] = ", ".join(differences)
+    return ConfigCheck(outliers, ties)
+
+
+# --- one row per (task, method) ------------------------------------------------------------
+
+
+def _status(n: int, asked: int, failed: int, diverged: int, not_applicable: bool) -> str:
+    if not_applicable:
+        return store.STATUS_NA
+    if n:
+        return store.STATUS_OK if n >= asked else STATUS_PARTIAL
+    if failed:
+        return store.STATUS_FAILED
+    return store.STATUS_DIVERGED if diverged else STATUS_MISSING
+
+
+def summary(
+    results: StoredResults | Iterable[store.CellRecord], ci: float | None = None, check: ConfigCheck | None = None
+) -> pd.DataFrame:
+    """One row per (task, method): ``SUMMARY_COLUMNS`` plus ``scores`` (seed -> score).
+
+    ``n`` finished seeds of ``asked``; ``failed``/``diverged`` seed counts; ``status`` ok
+    (complete), partial, failed, diverged, missing or n/a; ``config_ok`` False for a cell with
+    a seed trained in another configuration than its task's; ``ci_low``/``ci_high`` the
+    t-interval at level ``ci`` (default 95 %); ``p_vs_best`` the paired t-test's p-value
+    against the task's best ranked cell (NaN for the best itself and without a test).
+    """
+    results = as_results(results)
+    level = DEFAULT_CI if ci is None else ci
+    outliers = (check or check_configs(results)).outliers
+    asked = asked_seeds(results)
+    groups: dict[tuple[str, str], list[store.CellRecord]] = defaultdict(list)
+    for record in results.records:
+        groups[(record.task, record.method)].append(record)
+    rows = [_summary_row(records, len(asked.get(task, [])), outliers, level) for (task, _), records in groups.items()]
+    frame = pd.DataFrame(rows, columns=[*SUMMARY_COLUMNS, "scores"])
+    for index in best_cells(frame).values():
+        best = frame.loc[index]
+        for other in frame.index[(frame["task"] == best["task"]) & (frame.index != index)]:
+            frame.loc[other, "p_vs_best"] = paired_p_value(frame.loc[other, "scores"], best["scores"])
+    return frame
+
+
+def _summary_row(
+    records: list[store.CellRecord], asked: int, outliers: dict[CellKey, str], level: float
+) -> dict[str, Any]:
+    """The summary of one (task, method) cell from its records, ``p_vs_best`` still NaN."""
+    task, method = records[0].task, records[0].method
+    scores = {r.seed: float(r.score) for r in records if r.status == store.STATUS_OK and r.score is not None}
+    values = pd.Series(list(scores.values()), dtype=float)
+    failed = sum(r.status == store.STATUS_FAILED for r in records)
+    diverged = sum(r.status == store.STATUS_DIVERGED for r in records)
+    not_applicable = not scores and any(r.status == store.STATUS_NA for r in records)
+    low, high = t_interval(list(scores.values()), level)
+    return {
+        "task": task,
+        "method": method,
+        "metric": records[0].metric_label,
+        "higher_is_better": bool(records[0].higher_is_better),
+        "mean": values.mean() if len(values) else math.nan,
+        "std": values.std() if len(values) else math.nan,
+        "n": len(scores),
+        "asked": asked,
+        "failed": failed,
+        "diverged": diverged,
+        "status": _status(len(scores), asked, failed, diverged, not_applicable),
+        "config_ok": not any((task, method, seed) in outliers for seed in scores),
+        "ci_low": low,
+        "ci_high": high,
+        "p_vs_best": math.nan,
+        "scores": scores,
+    }
+
+
+def ranked(frame: pd.DataFrame) -> pd.Series:
+    """Which rows may be ranked: complete, of their task's configuration, with a mean."""
+    return (frame["status"] == store.STATUS_OK) & frame["config_ok"].astype(bool) & frame["mean"].notna()
+
+
+def best_cells(frame: pd.DataFrame) -> dict[str, Any]:
+    """task -> row index of its best ranked cell (the first of equal means)."""
+    best = {}
+    eligible = frame[ranked(frame)] if not frame.empty else frame
+    for task, group in eligible.groupby("task", sort=False):
+        means = group["mean"]
+        best[task] = means.idxmax() if bool(group["higher_is_better"].iloc[0]) else means.idxmin()
+    return best
+
+
+# --- the matrix ----------------------------------------------------------------------------
+
+
+def _pivot(stats: pd.DataFrame, column: str, methods: list[str], tasks: list[str]) -> pd.DataFrame:
+    return stats.pivot(index="method", columns="task", values=column).reindex(index=methods, columns=tasks)
+
+
+def matrix(
+    results: StoredResults | Iterable[store.CellRecord], stats: pd.DataFrame | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
+    """(means, stds) frames with methods as rows and task columns, plus column -> metric label.
+
+    ``means.attrs``: ``status``, ``ranked`` (frames like ``means``) and ``better`` (column ->
+    higher is better). The Average column covers the higher-is-better columns, for methods
+    with a ranked cell (complete, of the task's configuration) in each.
+    """
+    stats = summary(results) if stats is None else stats
+    tasks = list(dict.fromkeys(stats["task"]))
     methods = list(dict.fromkeys(stats["method"]))
-    means = stats.pivot(index="method", columns="task", values="mean").reindex(index=methods, columns=tasks)
-    stds = stats.pivot(index="method", columns="task", values="std").reindex(index=methods, columns=tasks)
-    status = stats.pivot(index="method", columns="task", values="status").reindex(index=methods, columns=tasks)
+    stats = stats.assign(ranked=ranked(stats) if not stats.empty else [])
+    means = _pivot(stats, "mean", methods, tasks)
+    stds = _pivot(stats, "std", methods, tasks)
+    status = _pivot(stats, "status", methods, tasks)
+    rankable = _pivot(stats, "ranked", methods, tasks).eq(True)
     labels = dict(zip(stats["task"], stats["metric"], strict=False))
-    better = dict(zip(stats["task"], stats["higher_is_better"], strict=False))
+    better = {t: bool(b) for t, b in zip(stats["task"], stats["higher_is_better"], strict=False)}
     averaged = [t for t in tasks if better.get(t, True)]
     if averaged:
-        complete = means[averaged].notna().all(axis=1)
-        means["Average"] = means[averaged].mean(axis=1).where(complete)
-        stds["Average"] = float("nan")
-        status["Average"] = "ok"
-        better["Average"] = True
-        labels["Average"] = ""
-    means.attrs.update(status=status, better=better)
+        complete = rankable[averaged].all(axis=1)
+        means[AVERAGE] = means[averaged].mean(axis=1).where(complete)
+        stds[AVERAGE] = math.nan
+        status[AVERAGE] = store.STATUS_OK
+        rankable[AVERAGE] = means[AVERAGE].notna()
+        better[AVERAGE] = True
+        labels[AVERAGE] = ""
+    means.attrs.update(status=status, ranked=rankable, better=better)
     return means, stds, labels
 
 
-def _cell_text(mean: float, std: float, status: str, bold: bool, under: bool, fmt: str) -> str:
-    if status == store.STATUS_NA:
+def _emphasis(
+    means: pd.Series, eligible: pd.Series, p_values: pd.Series | None, higher: bool, alpha: float
+) -> dict[str, str]:
+    """method -> "bold" or "under" for one column. Bold: the best (ties at the printed two
+    decimals share it) and, given p-values, every eligible cell with p ≥ alpha; underlined:
+    the best of the other eligible cells."""
+    shown = means[eligible].round(2)
+    if len(shown) < 2:
+        return {}
+    top = shown.max() if higher else shown.min()
+    bold = set(shown.index[shown == top])
+    if p_values is not None:
+        bold |= {m for m in shown.index if not pd.isna(p_values[m]) and p_values[m] >= alpha}
+    rest = shown.drop(index=list(bold))
+    marks = dict.fromkeys(bold, "bold")
+    if len(rest):
+        second = rest.max() if higher else rest.min()
+        marks.update(dict.fromkeys(rest.index[rest == second], "under"))
+    return marks
+
+
+def _value_text(row: pd.Series, ci: float | None) -> str:
+    """The plain text of one cell (Unicode ± and †; the format adds emphasis and escaping)."""
+    if row["status"] == store.STATUS_NA:
         return "n/a"
-    if pd.isna(mean):
-        return "failed" if status in (store.STATUS_FAILED, store.STATUS_DIVERGED) else "-"
-    text = f"{mean:.2f}" if pd.isna(std) else f"{mean:.2f} ± {std:.2f}"
-    if fmt == "latex":
-        text = text.replace("±", r"$\pm$")
-        if bold:
-            return rf"\textbf{{{text}}}"
-        if under:
-            return rf"\underline{{{text}}}"
-        return text
-    if bold:
-        return f"**{text}**"
-    if under:
-        return f"<u>{text}</u>"
+    asked = int(row["asked"])
+    if row["n"] == 0:
+        words = [w for w, count in (("failed", row["failed"]), ("diverged", row["diverged"])) if count]
+        return f"{'/'.join(words) or '-'} (0/{asked})"
+    text = f"{row['mean']:.2f}"
+    if ci is not None and row["n"] >= 2:
+        text += f" ± {row['ci_high'] - row['mean']:.2f}"
+    elif ci is None and not pd.isna(row["std"]):
+        text += f" ± {row['std']:.2f}"
+    if row["n"] < asked:
+        text += f" ({int(row['n'])}/{asked})"
+    if not row["config_ok"]:
+        text += " †"
     return text
 
 
-def render(records: list[store.CellRecord], fmt: str = "markdown") -> str:
-    means, stds, labels = matrix(records)
+@dataclass(frozen=True)
+class _Table:
+    """A rendered matrix before formatting: plain-text cells, their emphasis, notes."""
+
+    header: list[str]
+    rows: list[tuple[str, list[str], list[str]]]  # method, cell texts, emphasis ("", bold, under)
+    caption: str
+    notes: list[str]
+
+
+def _build(
+    results: StoredResults | Iterable[store.CellRecord],
+    ci: float | None = None,
+    significance: bool = True,
+    alpha: float = ALPHA,
+) -> _Table | None:
+    """The matrix as plain text with emphasis and notes; None when there is nothing to show."""
+    results = as_results(results)
+    check = check_configs(results)
+    stats = summary(results, ci, check)
+    means, stds, labels = matrix(results, stats)
     if means.empty:
-        return "(no results yet)"
-    status, better = means.attrs["status"], means.attrs["better"]
-    cells = pd.DataFrame(index=means.index, columns=means.columns, dtype=object)
+        return None
+    better, rankable = means.attrs["better"], means.attrs["ranked"]
+    by_cell = stats.set_index(["method", "task"])
+    tested = significance and bool((stats["p_vs_best"].notna() & ranked(stats)).any())
+    emphasis: dict[str, dict[str, str]] = {}
     for column in means.columns:
-        ranks = _ranks(means[column], better.get(column, True))
-        n_ranked = means[column].notna().sum()
-        for method in means.index:
-            rank = ranks[method]
-            cells.loc[method, column] = _cell_text(
-                means.loc[method, column],
-                stds.loc[method, column],
-                status.loc[method, column] if isinstance(status.loc[method, column], str) else "",
-                bold=n_ranked > 1 and rank == 1,
-                under=n_ranked > 2 and rank == 2,
-                fmt=fmt,
-            )
-    header = {c: f"{c} {labels[c]}{'' if better.get(c, True) else ' ↓'}".strip() for c in cells.columns}
-    cells = cells.rename(columns=header)
-    cells.index.name = "Position encoding"
-    profiles = sorted({r.profile for r in records})
-    if fmt == "latex":
-        body = cells.to_latex(escape=False, column_format="l" + "c" * len(cells.columns))
-        return body
-    table = cells.to_markdown()
-    notes = [
-        f"Profile: {', '.join(profiles)}. Mean ± std over seeds (a value without ± is one seed); "
-        "best in bold, next-best underlined."
-    ]
-    if "tiny" in profiles:
-        notes.append(_tiny_footnote(sorted({r.task for r in records})))
-    return table + "\n\n" + "\n".join(notes)
+        p_values = None
+        if tested and column != AVERAGE:
+            p_values = stats[stats["task"] == column].set_index("method")["p_vs_best"].reindex(means.index)
+        emphasis[column] = _emphasis(means[column], rankable[column], p_values, better.get(column, True), alpha)
+    rows = []
+    for method in means.index:
+        texts, marks = [], []
+        for column in means.columns:
+            if column == AVERAGE:
+                value = means.loc[method, AVERAGE]
+                texts.append("-" if pd.isna(value) else f"{value:.2f}")
+            elif (method, column) in by_cell.index:
+                texts.append(_value_text(by_cell.loc[(method, column)], ci))
+            else:
+                texts.append("-")
+            marks.append(emphasis[column].get(method, ""))
+        rows.append((method, texts, marks))
+    header = [f"{c} {labels[c]}{'' if better.get(c, True) else ' ↓'}".strip() for c in means.columns]
+    profiles = sorted({r.profile for r in results.records})
+    caption = f"Result matrix, {', '.join(profiles)} profile. " + _spread_note(ci)
+    notes = _notes(results, stats, check, tested, significance, alpha, averaged=AVERAGE in means.columns)
+    return _Table(header, rows, caption, notes)
+
+
+def _spread_note(ci: float | None) -> str:
+    if ci is None:
+        return "Mean ± std over seeds (a value without ± is one seed)."
+    return (
+        f"Mean ± half-width of the {ci * 100:g}% Student-t confidence interval over seeds "
+        "(n − 1 degrees of freedom; a value without ± is one seed)."
+    )
+
+
+def _notes(
+    results: StoredResults,
+    stats: pd.DataFrame,
+    check: ConfigCheck,
+    tested: bool,
+    significance: bool,
+    alpha: float,
+    averaged: bool,
+) -> list[str]:
+    notes = [_seeds_note(asked_seeds(results))]
+    missing = _missing_note(stats)
+    if missing:
+        notes.append(missing)
+    notes.append(_ranking_note(tested, significance, alpha))
+    if averaged:
+        notes.append("Average: over the higher-is-better columns, for methods with a ranked cell in each.")
+    if check.outliers:
+        grouped: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+        for (task, method, seed), difference in check.outliers.items():
+            grouped[(task, method, difference)].append(seed)
+        parts = [
+            f"{task}/{method}/seed{','.join(map(str, sorted(seeds)))}: {difference}"
+            for (task, method, difference), seeds in grouped.items()
+        ]
+        notes.append("† another configuration than the rest of its task (not ranked): " + "; ".join(parts) + ".")
+    for task in check.ties:
+        notes.append(f"{task}: no configuration is shared by most cells; the first one found is taken as the task's.")
+    if results.incomplete:
+        notes.append(_incomplete_note(results))
+    if any(r.profile == "tiny" for r in results.records):
+        notes.append(_tiny_footnote(sorted({r.task for r in results.records})))
+    return notes
+
+
+def _incomplete_note(results: StoredResults) -> str:
+    parts = [f"{_cell_name(key)} ({why})" for key, why in sorted(results.incomplete.items())]
+    return "Left out, incomplete cell: " + "; ".join(parts) + "."
+
+
+def _seeds_note(asked: dict[str, list[int]]) -> str:
+    described = {task: ", ".join(map(str, seeds)) for task, seeds in asked.items()}
+    if len(set(described.values())) == 1:
+        seeds = next(iter(asked.values()))
+        where = f"{len(seeds)} seed(s) asked for in every task ({next(iter(described.values()))})"
+    else:
+        where = "seeds asked for: " + "; ".join(f"{t} {len(asked[t])} ({s})" for t, s in described.items())
+    return (
+        f"Seeds: {where}. A cell holding fewer shows (held/asked); "
+        "one without any finished seed says why (failed, diverged)."
+    )
+
+
+def _missing_note(stats: pd.DataFrame) -> str:
+    parts = []
+    for _, row in stats[stats["status"] == STATUS_PARTIAL].iterrows():
+        not_run = int(row["asked"] - row["n"] - row["failed"] - row["diverged"])
+        counts = (("failed", row["failed"]), ("diverged", row["diverged"]), ("not run or left out", not_run))
+        why = [f"{count} {word}" for word, count in counts if count > 0]
+        parts.append(f"{row['task']}/{row['method']} {', '.join(why)}")
+    return ("Missing seeds: " + "; ".join(parts) + ".") if parts else ""
+
+
+def _ranking_note(tested: bool, significance: bool, alpha: float) -> str:
+    eligible = (
+        "Only complete cells of the task's configuration are ranked: a cell with missing seeds (held/asked) "
+        "or another configuration (†) is never marked, whatever its value."
+    )
+    if tested:
+        how = (
+            "Bold: the best cell and every ranked cell not significantly different from it (two-sided paired "
+            f"t-test over the seeds both hold, α = {alpha:g}, not corrected for multiple comparisons; no test "
+            "with fewer than 2 shared seeds); underlined: the best of the rest."
+        )
+    elif significance:
+        how = "Best in bold, next-best underlined (no paired test: no two ranked cells share 2 or more seeds)."
+    else:
+        how = "Best in bold, next-best underlined (by mean alone, no significance test)."
+    return f"{how} {eligible}"
 
 
 def _tiny_footnote(tasks: list[str]) -> str:
@@ -154,15 +543,61 @@ def _tiny_footnote(tasks: list[str]) -> str:
     return "tiny profile: small stand-ins, not the real datasets - " + "; ".join(parts) + "."
 
 
-def write_tables(out: Path) -> str:
-    """Write table.md, table.tex and table.csv under ``out`` and return the Markdown."""
+# --- formats -------------------------------------------------------------------------------
+
+
+def _markdown(table: _Table) -> str:
+    wrap = {"bold": "**{}**", "under": "<u>{}</u>", "": "{}"}
+    cells = pd.DataFrame(
+        [[wrap[m].format(t) for t, m in zip(texts, marks, strict=True)] for _, texts, marks in table.rows],
+        index=pd.Index([method for method, _, _ in table.rows], name="Position encoding"),
+        columns=table.header,
+    )
+    body = cells.to_markdown(disable_numparse=True)
+    return body + "\n\n" + "\n\n".join([table.caption, *table.notes])
+
+
+def _latex(table: _Table) -> str:
+    wrap = {"bold": r"\textbf{{{}}}", "under": r"\underline{{{}}}", "": "{}"}
+    rows = [
+        [latex.escape(method)] + [wrap[m].format(latex.escape(t)) for t, m in zip(texts, marks, strict=True)]
+        for method, texts, marks in table.rows
+    ]
+    header = [latex.escape("Position encoding")] + [latex.escape(h) for h in table.header]
+    return latex.booktabs_table(header, rows, latex.escape(table.caption), [latex.escape(n) for n in table.notes])
+
+
+def render(
+    results: StoredResults | Iterable[store.CellRecord],
+    fmt: str = "markdown",
+    ci: float | None = None,
+    significance: bool = True,
+    alpha: float = ALPHA,
+) -> str:
+    """The matrix as Markdown (``fmt="markdown"``) or a LaTeX booktabs float (``"latex"``).
+
+    ``ci``: show ± the half-width of this Student-t confidence interval (e.g. 0.95) instead of
+    ± std. ``significance``: bold every ranked cell not significantly different from the best.
+    """
+    if fmt not in ("markdown", "latex"):
+        raise ValueError(f"unknown table format {fmt!r}; use 'markdown' or 'latex'")
+    results = as_results(results)
+    table = _build(results, ci, significance, alpha)
+    if table is None:
+        empty = "(no results yet)" + (f"\n\n{_incomplete_note(results)}" if results.incomplete else "")
+        return empty if fmt == "markdown" else "".join(f"% {line}\n" for line in empty.splitlines() if line)
+    return _markdown(table) if fmt == "markdown" else _latex(table)
+
+
+def write_tables(out: Path, ci: float | None = None, significance: bool = True, alpha: float = ALPHA) -> str:
+    """Write table.md, table.tex and table.csv under ``out`` from its stored cells; return the Markdown."""
     out = Path(out)
-    records = store.load_records(out)
-    markdown = render(records, "markdown")
+    results = load_results(out)
+    markdown = render(results, "markdown", ci, significance, alpha)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(markdown + "\n")
-    (out / "table.tex").write_text(render(records, "latex"))
-    summary(records).to_csv(out / "table.csv", index=False)
+    (out / "table.tex").write_text(render(results, "latex", ci, significance, alpha))
+    summary(results, ci)[SUMMARY_COLUMNS].to_csv(out / "table.csv", index=False)
     return markdown
 
 

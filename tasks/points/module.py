@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import lightning as L
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics import Metric
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
 
 from pe_bench.harness.config import OptimConfig
-from pe_bench.harness.module import DivergedError, configure_optimizer
+from pe_bench.harness.module import TaskModule
 
 from .ptv3 import PointBatch, PTv3
 
@@ -50,50 +47,29 @@ class PointSegmenter(nn.Module):
         return self.head(self.backbone(_points(batch)))
 
 
-class MeanIoU(Metric):
-    """mIoU from an accumulated confusion matrix, over the classes present in prediction or
-    target (ScanNet's convention: a class absent from the evaluated scenes does not count)."""
-
-    def __init__(self, num_classes: int, ignore_index: int = IGNORE_INDEX) -> None:
-        super().__init__()
-        self.num_classes, self.ignore_index = num_classes, ignore_index
-        self.add_state("confusion", torch.zeros(num_classes, num_classes, dtype=torch.long), dist_reduce_fx="sum")
-
-    def update(self, preds: Tensor, target: Tensor) -> None:
-        keep = target != self.ignore_index
-        idx = target[keep] * self.num_classes + preds[keep]
-        self.confusion += torch.bincount(idx, minlength=self.num_classes**2).view(self.num_classes, -1)
-
-    def compute(self) -> Tensor:
-        cm = self.confusion.double()
-        inter = cm.diag()
-        union = cm.sum(0) + cm.sum(1) - inter
-        present = union > 0
-        return (inter[present] / union[present]).mean().float() if present.any() else torch.tensor(0.0)
+def mean_iou(num_classes: int) -> MulticlassJaccardIndex:
+    """mIoU over the classes present in prediction or target, ScanNet's convention (a class
+    absent from the evaluated scenes does not count): torchmetrics' macro average gives such
+    classes weight 0, and drops points labelled ``IGNORE_INDEX``."""
+    return MulticlassJaccardIndex(num_classes, average="macro", ignore_index=IGNORE_INDEX)
 
 
-def _check(loss: Tensor, step: int) -> None:
-    if not torch.isfinite(loss):
-        raise DivergedError(f"non-finite training loss ({loss.item()}) at step {step}")
-
-
-class PointClassificationModule(L.LightningModule):
+class PointClassificationModule(TaskModule):
     """Overall accuracy (``acc``, the table metric) and mean class accuracy (``macc``)."""
 
     def __init__(self, model: nn.Module, num_classes: int, optim: OptimConfig) -> None:
-        super().__init__()
-        self.model, self.optim = model, optim
+        super().__init__(model, optim)
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_macc = MulticlassAccuracy(num_classes, average="macro")
         self.test_macc = MulticlassAccuracy(num_classes, average="macro")
 
-    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+    def training_loss(self, batch: dict) -> Tensor:
         logits = self.model(batch)
-        loss = F.cross_entropy(logits.float(), batch["label"], label_smoothing=self.optim.label_smoothing)
-        _check(loss, self.global_step)
-        self.log("train/loss", loss, prog_bar=True, on_step=False, on_epoch=True, batch_size=len(batch["label"]))
-        return loss
+        return F.cross_entropy(logits.float(), batch["label"], label_smoothing=self.optim.label_smoothing)
+
+    def batch_size_of(self, batch: dict) -> int:
+        return len(batch["label"])
 
     def _eval(self, batch: dict, split: str) -> None:
         logits, labels = self.model(batch), batch["label"]
@@ -109,24 +85,20 @@ class PointClassificationModule(L.LightningModule):
     def test_step(self, batch: dict, batch_idx: int) -> None:
         self._eval(batch, "test")
 
-    def configure_optimizers(self) -> dict:
-        return configure_optimizer(self, self.optim)
 
-
-class PointSegmentationModule(L.LightningModule):
+class PointSegmentationModule(TaskModule):
     """Cross-entropy with ignore index; ``miou`` the table metric, point accuracy beside it."""
 
     def __init__(self, model: nn.Module, num_classes: int, optim: OptimConfig) -> None:
-        super().__init__()
-        self.model, self.optim = model, optim
-        self.val_miou, self.test_miou = MeanIoU(num_classes), MeanIoU(num_classes)
+        super().__init__(model, optim)
+        self.val_miou, self.test_miou = mean_iou(num_classes), mean_iou(num_classes)
 
-    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+    def training_loss(self, batch: dict) -> Tensor:
         logits = self.model(batch)
-        loss = F.cross_entropy(logits.float(), batch["segment"], ignore_index=IGNORE_INDEX)
-        _check(loss, self.global_step)
-        self.log("train/loss", loss, prog_bar=True, on_step=False, on_epoch=True, batch_size=1)
-        return loss
+        return F.cross_entropy(logits.float(), batch["segment"], ignore_index=IGNORE_INDEX)
+
+    def batch_size_of(self, batch: dict) -> int:
+        return 1  # every step weighs the same in the epoch mean, however many scenes it holds
 
     def _eval(self, batch: dict, split: str) -> None:
         metric = getattr(self, f"{split}_miou")
@@ -138,6 +110,3 @@ class PointSegmentationModule(L.LightningModule):
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         self._eval(batch, "test")
-
-    def configure_optimizers(self) -> dict:
-        return configure_optimizer(self, self.optim)

@@ -35,7 +35,8 @@ from .sparse_conv import SubMConv3d, neighbour_table
 
 
 class PTv3Config(Strict):
-    """Stage structure; defaults are PTv3's official ScanNet/ModelNet40 configuration."""
+    """Stage structure (the points tasks' ``model.ptv3`` section); defaults are PTv3's official
+    ScanNet/ModelNet40 configuration."""
 
     enc_depths: list[int] = [2, 2, 2, 6, 2]
     enc_channels: list[int] = [32, 64, 128, 256, 512]
@@ -53,14 +54,14 @@ class PTv3Config(Strict):
 
     def check(self, decoder: bool) -> None:
         if not (len(self.enc_depths) == len(self.enc_channels) == len(self.enc_num_head)):
-            raise ValueError("backbone: enc_depths, enc_channels and enc_num_head need one entry per stage")
+            raise ValueError("model.ptv3: enc_depths, enc_channels and enc_num_head need one entry per stage")
         if decoder and not (len(self.dec_depths) == len(self.dec_channels) == len(self.dec_num_head)):
-            raise ValueError("backbone: dec_depths, dec_channels and dec_num_head need one entry per stage")
+            raise ValueError("model.ptv3: dec_depths, dec_channels and dec_num_head need one entry per stage")
         if decoder and len(self.dec_depths) != len(self.enc_depths) - 1:
-            raise ValueError("backbone: a U-Net needs one decoder stage fewer than encoder stages")
+            raise ValueError("model.ptv3: a U-Net needs one decoder stage fewer than encoder stages")
         unknown = [o for o in self.order if o not in ORDERS]
         if unknown:
-            raise ValueError(f"backbone.order: unknown {unknown}; orders: {', '.join(ORDERS)}")
+            raise ValueError(f"model.ptv3.order: unknown {unknown}; orders: {', '.join(ORDERS)}")
 
 
 class PointBatch:

@@ -2,9 +2,9 @@
 
 ``paper`` profiles read ModelNet40 (modelnet40_normal_resampled) and Pointcept's preprocessed
 ScanNet from ``--data-root``; ``tiny`` profiles use the generated shapes and rooms of
-:mod:`.points_synthetic`. The backbone's stage structure lives in the ``data.backbone``
-section (``model`` keeps what every task has: first-stage width and heads, total depth,
-patch size, MLP ratio, drop path; they must agree with the backbone section).
+:mod:`.points_synthetic`. The backbone's stage structure is the typed ``model.ptv3`` section
+(:class:`PointsModelConfig`); the rest of ``model`` is what every task has: first-stage width
+and heads, total depth (they must agree with ``model.ptv3``), patch size, MLP ratio, drop path.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from pe_bench.adapters import EncodingFactory, Geometry
-from pe_bench.harness.config import ConfigError, Strict
+from pe_bench.harness.config import ConfigError, ModelConfig, Strict
 from pe_bench.harness.data import stratified_split
 
 from ..base import Task
@@ -46,7 +46,10 @@ class PointsDataConfig(Strict):
     room_density: float = 60.0  # points per m^2 of the generated rooms
     train_aug: Augment = Augment()
     eval_aug: Augment = Augment()
-    backbone: PTv3Config = PTv3Config()
+
+
+class PointsModelConfig(ModelConfig):
+    ptv3: PTv3Config = PTv3Config()
 
 
 @lru_cache(maxsize=4)
@@ -62,21 +65,23 @@ def _rooms(count: int, seed: int, density: float) -> list[dict]:
 class PointTask(Task):
     DataConfig = PointsDataConfig
     data: PointsDataConfig
+    ModelConfig = PointsModelConfig
     mode: Literal["cls", "seg"] = "cls"
 
     def __init__(self, config, data_root: Path | None = None) -> None:
         super().__init__(config, data_root)
-        b, m = self.data.backbone, config.model
+        m = config.model
+        b = m.ptv3
         total = sum(b.enc_depths) + (sum(b.dec_depths) if self.mode == "seg" else 0)
         expected = {"dim": b.enc_channels[0], "num_heads": b.enc_num_head[0], "depth": total}
         wrong = [
-            f"model.{k}={getattr(m, k)} but the backbone says {v}" for k, v in expected.items() if getattr(m, k) != v
+            f"model.{k}={getattr(m, k)} but model.ptv3 says {v}" for k, v in expected.items() if getattr(m, k) != v
         ]
         if wrong:
             raise ConfigError(f"{config.task}/{config.profile}: " + "; ".join(wrong))
 
     def geometry(self) -> Geometry:
-        b = self.data.backbone
+        b = self.config.model.ptv3
         scale = b.position_scale if b.position_scale is not None else 1.0 / self.data.grid_size
         return points_geometry(self.data.grid_size, scale)
 
@@ -84,7 +89,7 @@ class PointTask(Task):
         m = self.config.model
         in_channels = 3 * len(self.data.feat_keys)
         return PTv3(
-            make_encoding, self.geometry(), self.data.backbone, in_channels, self.data.grid_size, self.mode,
+            make_encoding, self.geometry(), m.ptv3, in_channels, self.data.grid_size, self.mode,
             m.patch_size, m.mlp_ratio, m.drop_path,
         )  # fmt: skip
 

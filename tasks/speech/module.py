@@ -12,14 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import lightning as L
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.text import WordErrorRate
 
 from pe_bench.harness.config import OptimConfig
-from pe_bench.harness.module import DivergedError, configure_optimizer
+from pe_bench.harness.module import TaskModule
 
 from .features import BLANK, bin_labels, duration_bin, greedy_decode
 
@@ -42,11 +40,9 @@ def wer_table(metrics: dict[str, WordErrorRate]) -> dict[str, float | None]:
     return {k: (float(m.compute()) if m.total > 0 else None) for k, m in metrics.items()}
 
 
-class CTCModule(L.LightningModule):
+class CTCModule(TaskModule):
     def __init__(self, model: nn.Module, optim: OptimConfig, bin_edges: list[float], eval_sets: list[str]) -> None:
-        super().__init__()
-        self.model = model
-        self.optim = optim
+        super().__init__(model, optim)
         self.bin_edges = list(bin_edges)
         self.bins = bin_labels(bin_edges)
         self.eval_sets = list(eval_sets)
@@ -63,18 +59,17 @@ class CTCModule(L.LightningModule):
     def forward(self, feats: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         return self.model(feats, lengths)
 
-    def training_step(self, batch: SpeechBatch, batch_idx: int) -> Tensor:
+    def training_loss(self, batch: SpeechBatch) -> Tensor:
         logits, lengths = self(batch.feats, batch.lengths)
         log_probs = F.log_softmax(logits.float(), dim=-1).transpose(0, 1)  # (T, B, V) for ctc_loss
         # zero_infinity: an utterance whose transcript cannot fit its frames gives no gradient
         # instead of an infinite loss (SpecAugment never shortens, but odd real data may).
-        loss = F.ctc_loss(
+        return F.ctc_loss(
             log_probs, batch.targets, lengths, batch.target_lengths, blank=BLANK, reduction="mean", zero_infinity=True
         )
-        if not torch.isfinite(loss):
-            raise DivergedError(f"non-finite CTC loss ({loss.item()}) at step {self.global_step}")
-        self.log("train/loss", loss, prog_bar=True, on_step=False, on_epoch=True, batch_size=len(batch.texts))
-        return loss
+
+    def batch_size_of(self, batch: SpeechBatch) -> int:
+        return len(batch.texts)
 
     def validation_step(self, batch: SpeechBatch, batch_idx: int) -> None:
         logits, lengths = self(batch.feats, batch.lengths)
@@ -116,6 +111,3 @@ class CTCModule(L.LightningModule):
     def extra_results(self) -> dict[str, Any]:
         """Per-set, per-duration-bin WER fractions of the last test run (stored by the runner)."""
         return self._results
-
-    def configure_optimizers(self) -> dict:
-        return configure_optimizer(self, self.optim)

@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 import pandas as pd
 import torch
 from torch import nn
@@ -22,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
+from pe_bench.harness.data import SplitDataModule
 
 from ..base import Task
 from .corpus import CorpusSpec, build_corpus, cache_root, espeak_binary
@@ -161,17 +161,18 @@ class LengthBucketBatches(Sampler[list[int]]):
         return iter(self.batches(self.epoch - 1))
 
 
-class SpeechDataModule(L.LightningDataModule):
+class SpeechDataModule(SplitDataModule):
+    """Train/val/test utterances; training batches by :class:`LengthBucketBatches` when
+    ``data.length_buckets`` > 0, otherwise the shuffled batches of every task."""
+
+    collate_fn = staticmethod(collate)
+
     def __init__(
         self, data: SpeechDataConfig, batch_size: int, num_workers: int, seed: int, data_root: Path | None
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size, num_workers, seed)
         self.data = data
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.seed = seed
         self.data_root = data_root
-        self.splits: dict[str, Dataset] = {}
 
     def eval_set_names(self) -> list[str]:
         return [self.data.test_split, *self.librispeech_sets()]
@@ -193,14 +194,14 @@ class SpeechDataModule(L.LightningDataModule):
         augment = SpecAugment(data.freq_masks, data.freq_width, data.time_masks, data.time_width, data.time_ratio)
         cache = data.cache_features
         self.splits["train"] = Utterances(records["train"], features, augment, cache)
-        self.splits["valid"] = Utterances(records["valid"], features, None, cache)
+        self.splits["val"] = Utterances(records["valid"], features, None, cache)
         test_sets = [Utterances(records["test"], features, None, cache)]
         if cache and data.source == "tiny":
             # The generated corpus lives in pe-bench's cache: keep its features there too, so
             # that only the first cell of a grid pays for them.
             for split, dataset in (
                 ("train", self.splits["train"]),
-                ("valid", self.splits["valid"]),
+                ("valid", self.splits["val"]),
                 ("test", test_sets[0]),
             ):
                 load_or_store_features(dataset, folder / f"{split}.{feature_key(data)}.pt")
@@ -209,34 +210,18 @@ class SpeechDataModule(L.LightningDataModule):
             test_sets.append(Utterances(read_librispeech(root, name), features, None, cache, set_index=index))
         self.splits["test"] = torch.utils.data.ConcatDataset(test_sets)
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        if shuffle and self.data.length_buckets > 0:
-            durations = [record.duration for record in self.splits[split].records]
-            return DataLoader(
-                self.splits[split],
-                batch_sampler=LengthBucketBatches(durations, self.batch_size, self.data.length_buckets, self.seed),
-                collate_fn=collate,
-                num_workers=self.num_workers,
-                persistent_workers=self.num_workers > 0,
-            )
+    def train_dataloader(self) -> DataLoader:
+        if self.data.length_buckets == 0:
+            return super().train_dataloader()
+        train = self.splits["train"]
+        durations = [record.duration for record in train.records]
         return DataLoader(
-            self.splits[split],
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            collate_fn=collate,
+            train,
+            batch_sampler=LengthBucketBatches(durations, self.batch_size, self.data.length_buckets, self.seed),
+            collate_fn=self.collate_fn,
             num_workers=self.num_workers,
-            generator=torch.Generator().manual_seed(self.seed),
             persistent_workers=self.num_workers > 0,
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("valid", False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False)
 
 
 def feature_key(data: SpeechDataConfig) -> str:
@@ -245,7 +230,7 @@ def feature_key(data: SpeechDataConfig) -> str:
 
 def load_or_store_features(dataset: Utterances, path: Path) -> None:
     if path.is_file():
-        dataset.cache = dict(enumerate(torch.load(path)))
+        dataset.cache = dict(enumerate(torch.load(path, weights_only=True)))
         return
     feats = [dataset._features(i) for i in range(len(dataset))]
     staging = path.with_suffix(f".{os.getpid()}.tmp")

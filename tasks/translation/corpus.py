@@ -141,7 +141,7 @@ def _lower_first(text: str) -> str:
 def stack_pairs(pairs: Sequence[Pair], min_target_words: int) -> list[Pair]:
     """Concatenate consecutive pairs until each target has ``min_target_words`` words.
 
-    As cape.txt Section 5.3 builds its long test sets: the full stop at each junction becomes
+    As CAPE Section 5.3 builds its long test sets: the full stop at each junction becomes
     a comma and the next sentence's first letter is lower-cased, so a stacked pair reads
     like one long sentence. A short remainder at the end is dropped. (The paper counts
     subword tokens; words are a tokenizer-independent lower bound.)

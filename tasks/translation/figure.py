@@ -1,4 +1,4 @@
-"""Figure 8 of cape.txt across methods: per-position loss curves of every finished cell.
+"""Figure 8 of CAPE across methods: per-position loss curves of every finished cell.
 
 Each translation cell writes ``position_nll.csv``; this overlays them, one curve per method
 (mean over seeds), smoothed with a running mean so that long stacked targets stay

@@ -6,7 +6,7 @@ one sentence per line, line i of ``*.en`` translating line i of ``*.de``:
     <data-root>/wmt14_en_de/train.en  train.de  valid.en  valid.de  test.en  test.de
 
 (valid = newstest2013 for DE, the provided "valid" file for FR; test = newstest2014, as
-cape.txt Section 5.3.) pe-bench never downloads WMT: a missing or malformed folder is an
+CAPE Section 5.3.) pe-bench never downloads WMT: a missing or malformed folder is an
 error naming the path, the layout and where the data comes from.
 """
 

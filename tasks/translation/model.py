@@ -2,7 +2,7 @@
 
 Positions are token indices in *units of the target*: target token j sits at j, source
 token i at alpha * i where alpha = (# target tokens) / (# source tokens) of the training
-corpus (cape.txt Section 5.3), so that aligned words of the two sentences get similar
+corpus (CAPE Section 5.3), so that aligned words of the two sentences get similar
 positions and cross-attention can compare them. Each sequence starts at 0.
 
 Per encoding family (the task options ``cross_attention_positions`` and
@@ -16,7 +16,7 @@ Per encoding family (the task options ``cross_attention_positions`` and
   alpha * i - j: a prior towards the monotone diagonal. Off, cross-attention is content-only
   (T5 and Shaw et al. put relative positions in self-attention only).
 * shared-frame encodings (CAPE): the encoding's own ``prepare`` (mean-normalisation, then
-  augmentation) is replaced by the joint augmentation of cape.txt Appendix D: no
+  augmentation) is replaced by the joint augmentation of CAPE Appendix D: no
   mean-normalisation (it would leak the target length into a causal decoder and
   misalign source and target), one global shift and scale per sentence pair applied to
   source *and* target, independent local shifts per token. Evaluation uses no augmentation.
@@ -42,7 +42,7 @@ from pe_bench.harness.config import ModelConfig
 
 from .tokenizer import PAD
 
-#: cape.txt Appendix D: local shift "set to maximum to preserve positions order".
+#: CAPE Appendix D: local shift "set to maximum to preserve positions order".
 MT_LOCAL_SHIFT = 0.5
 
 

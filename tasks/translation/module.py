@@ -1,5 +1,5 @@
 """Lightning module for translation: label-smoothed cross-entropy, beam-search BLEU/chrF,
-and the per-position log loss on stacked long sentences (cape.txt Figure 8).
+and the per-position log loss on stacked long sentences (CAPE Figure 8).
 
 Validation decodes with ``val_beam_size`` (the checkpoint is chosen by validation BLEU, as
 the paper does); test decodes with ``beam_size`` (4 for DE, 5 for FR) and also logs chrF,
@@ -15,13 +15,12 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from pe_bench.harness.config import OptimConfig
-from pe_bench.harness.module import DivergedError, configure_optimizer
+from pe_bench.harness.module import TaskModule
 
 from .beam import beam_search
 from .model import Seq2SeqTransformer, repeat_layout
@@ -91,7 +90,7 @@ def write_position_table(folder: Path, total: Tensor, count: Tensor, train_max: 
     plt.close(fig)
 
 
-class TranslationModule(L.LightningModule):
+class TranslationModule(TaskModule):
     def __init__(
         self,
         model: Seq2SeqTransformer,
@@ -102,10 +101,8 @@ class TranslationModule(L.LightningModule):
         train_max_target: int,
         label: str = "",
     ) -> None:
-        super().__init__()
-        self.model = model
+        super().__init__(model, optim)
         self.tokenizer = tokenizer
-        self.optim = optim
         self.decoding = decoding
         self.stacked = stacked  # teacher-forced batches of the stacked test set
         self.train_max_target = train_max_target
@@ -115,15 +112,14 @@ class TranslationModule(L.LightningModule):
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.model(src, tgt_in)
 
-    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+    def training_loss(self, batch: dict) -> Tensor:
         logits = self(batch["src"], batch["tgt_in"]).float()
-        loss = F.cross_entropy(
+        return F.cross_entropy(
             logits.transpose(1, 2), batch["tgt_out"], ignore_index=PAD, label_smoothing=self.optim.label_smoothing
         )
-        if not torch.isfinite(loss):
-            raise DivergedError(f"non-finite training loss ({loss.item()}) at step {self.global_step}")
-        self.log("train/loss", loss, prog_bar=True, on_step=False, on_epoch=True, batch_size=batch["src"].shape[0])
-        return loss
+
+    def batch_size_of(self, batch: dict) -> int:
+        return batch["src"].shape[0]
 
     @torch.no_grad()
     def translate(self, src: Tensor, beam_size: int) -> list[str]:
@@ -180,6 +176,3 @@ class TranslationModule(L.LightningModule):
         beyond = total[seen:].sum() / count[seen:].sum().clamp_min(1)
         self.log_dict({"test/nll_seen_positions": float(inside), "test/nll_unseen_positions": float(beyond)})
         write_position_table(folder, total, count, self.train_max_target, self.label)
-
-    def configure_optimizers(self) -> dict:
-        return configure_optimizer(self, self.optim)

@@ -1,4 +1,4 @@
-"""Machine translation (cape.txt Section 5.3, Appendix D): ``wmt14-en-de``, ``wmt14-en-fr``.
+"""Machine translation (CAPE Section 5.3, Appendix D): ``wmt14-en-de``, ``wmt14-en-fr``.
 
 An encoder-decoder transformer (:mod:`.translation_model`) with the benchmarked encoding
 in encoder self-attention, causal decoder self-attention and, as configured,
@@ -49,10 +49,10 @@ class TranslationDataConfig(Strict):
     train_size: int = 0
     valid_size: int = 0
     test_size: int = 0
-    vocab_size: int = 32000  # joint sentencepiece vocabulary (cape.txt: 32k DE, 40k FR)
+    vocab_size: int = 32000  # joint sentencepiece vocabulary (CAPE: 32k DE, 40k FR)
     max_length: int = 256  # training pairs with a longer side (in subwords) are skipped
     max_positions: int = 1024  # positions the model covers (abspos' table: "covers 1k tokens")
-    source_bos: bool = True  # bos first in the source (cape.txt: the decoder's hint of position 0)
+    source_bos: bool = True  # bos first in the source (CAPE: the decoder's hint of position 0)
     # alpha = #target / #source subword tokens of the training split; a number overrides.
     source_position_scale: float | Literal["auto"] = "auto"
     cross_attention_positions: bool = False  # per-layer encodings also act in cross-attention

@@ -16,8 +16,10 @@ from pe_bench.adapters import (
     PositionLayout,
     Principle,
     available,
+    get,
 )
 from pe_bench.harness.conformance import PROBES, Report, measure, principles_table
+from pe_bench.harness.conformance.probes import BATCH, DIM, build_model, with_padding
 
 NAMES = available()
 
@@ -77,6 +79,40 @@ def test_measurements_separate_pape_ablations(options: dict, removed: Principle)
     assert ablated.principles[removed].measured is False
     assert not ablated.principles[removed].declared
     assert ablated.passed, ablated.format()
+
+
+@pytest.mark.parametrize("layer", [0, 1, -1])
+def test_layer_logits_are_those_the_forward_pass_attends_with(layer: int) -> None:
+    """The statistics' logits come from the tokens and layout each block's attention really
+    receives in forward, padding included."""
+    model = build_model(get("pape"), PROBES[0], None, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    layout = PROBES[0].layout(BATCH, gen)
+    layout, x = with_padding(layout, torch.randn(BATCH, layout.coords.shape[1], DIM, generator=gen), 3, gen)
+    seen = {}
+
+    def record(_module, args) -> None:
+        seen["args"] = args
+
+    attn = model.blocks[layer].attn
+    hook = attn.register_forward_pre_hook(record)
+    with torch.no_grad():
+        model(x, layout)
+        hook.remove()
+        tokens, prepared = seen["args"]
+        expected = attn.logits(tokens, prepared)
+        torch.testing.assert_close(model.layer_logits(x, layout, layer), expected, rtol=0, atol=0)
+        nudge = torch.randn(tokens.shape, generator=gen)
+        torch.testing.assert_close(
+            model.layer_logits(x, layout, layer, perturbation=nudge), attn.logits(tokens + nudge, prepared)
+        )
+    assert torch.isneginf(expected[..., -3:]).all()  # padding keys are masked
+
+
+def test_layer_logits_name_a_missing_layer() -> None:
+    model = build_model(get("nopos"), PROBES[1], None, seed=0)
+    with pytest.raises(IndexError, match="layer=2 is out of range for an encoder of depth 2"):
+        model.layer_logits(torch.zeros(1, 16, DIM), PROBES[1].layout(1, torch.Generator()), layer=2)
 
 
 # --------------------------------------------------------------------------- broken encodings

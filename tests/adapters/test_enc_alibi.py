@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import torch
-from _encoding_checks import (
-    HEADS,
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pe_bench.adapters import Geometry, Principle, build
+from pe_bench.adapters.alibi import alibi_slopes
+from pe_bench.harness.conformance.probes import (
+    LAYER_HEADS,
     assert_cls_position_free,
     assert_padding_inert,
     make_attention,
@@ -12,11 +17,6 @@ from _encoding_checks import (
     random_layout,
     random_rotation,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from pe_bench.adapters import Geometry, Principle, build
-from pe_bench.adapters.alibi import alibi_slopes
 
 FAST = settings(max_examples=12, deadline=None)
 
@@ -36,7 +36,7 @@ def test_bias_is_minus_slope_times_euclidean_distance(pos_dim, seed):
     layout, x = random_layout(2, 16, pos_dim, seed=seed)
     bias = attn.logits(x, layout) - plain_copy(attn).logits(x, layout)
     dist = (layout.coords[:, None, :, :] - layout.coords[:, :, None, :]).norm(dim=-1)  # (B, Nq, Nk)
-    slopes = torch.tensor([2.0 ** (-8 * h / HEADS) for h in range(1, HEADS + 1)], dtype=torch.float64)
+    slopes = torch.tensor([2.0 ** (-8 * h / LAYER_HEADS) for h in range(1, LAYER_HEADS + 1)], dtype=torch.float64)
     torch.testing.assert_close(bias, -slopes[None, :, None, None] * dist[:, None])
 
 
@@ -46,7 +46,7 @@ def test_rotation_and_translation_invariance(pos_dim, seed):
     attn = make_attention("alibi", pos_dim)
     layout, x = random_layout(2, 16, pos_dim, prefix=1, seed=seed)
     shift = 30.0 * torch.randn(pos_dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    moved = layout.with_coords(layout.coords @ random_rotation(pos_dim, seed).T + shift)
+    moved = layout.with_coords(layout.coords @ random_rotation(pos_dim, torch.Generator().manual_seed(seed)).T + shift)
     torch.testing.assert_close(attn.logits(x, moved), attn.logits(x, layout))
 
 
@@ -56,7 +56,7 @@ def test_cross_attention_uses_both_layouts():
     key, context = random_layout(1, 11, 2, seed=4)
     bias = attn.logits(x, query, context, key) - plain_copy(attn).logits(x, query, context, key)
     dist = torch.cdist(query.coords, key.coords)
-    torch.testing.assert_close(bias, -alibi_slopes(HEADS).double()[None, :, None, None] * dist[:, None])
+    torch.testing.assert_close(bias, -alibi_slopes(LAYER_HEADS).double()[None, :, None, None] * dist[:, None])
 
 
 def test_padding_and_cls():

@@ -6,21 +6,18 @@ import math
 
 import pytest
 import torch
-from _encoding_checks import DIM, HEADS, make_attention, random_layout
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pe_bench.adapters import Geometry, PositionLayout, build
 from pe_bench.adapters.transforms import mean_normalize
-from pe_bench.harness.attention import Attention
-
-
-def _twin_pape(options: dict, pos_dim: int, cross: bool = False) -> tuple[Attention, Attention]:
-    """Efficient and explicit PaPE layers with identical weights."""
-    efficient = make_attention("pape", pos_dim, {**options, "form": "efficient"}, cross=cross)
-    explicit = make_attention("pape", pos_dim, {**options, "form": "explicit"}, cross=cross)
-    explicit.load_state_dict(efficient.state_dict())
-    return efficient, explicit
+from pe_bench.harness.conformance.probes import (
+    LAYER_DIM,
+    LAYER_HEADS,
+    efficient_and_explicit,
+    make_attention,
+    random_layout,
+)
 
 
 @settings(max_examples=15, deadline=None)
@@ -36,14 +33,14 @@ def _twin_pape(options: dict, pos_dim: int, cross: bool = False) -> tuple[Attent
 )
 def test_pape_efficient_form_equals_explicit_bias(pos_dim, m, n, prefix, seed, variant):
     """Eq. 13-14 (our narrower factorisation) reproduce Eq. 9 exactly, for every ablation."""
-    efficient, explicit = _twin_pape({"m": m, **variant}, pos_dim)
+    efficient, explicit = efficient_and_explicit("pape", pos_dim, {"m": m, **variant})
     layout, x = random_layout(2, n, pos_dim, prefix=prefix, seed=seed)
     torch.testing.assert_close(efficient.logits(x, layout), explicit.logits(x, layout), rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(efficient(x, layout), explicit(x, layout), rtol=1e-9, atol=1e-9)
 
 
 def test_pape_forms_agree_in_cross_attention_with_padding():
-    efficient, explicit = _twin_pape({"m": 6}, 2, cross=True)
+    efficient, explicit = efficient_and_explicit("pape", 2, {"m": 6}, cross=True)
     query, xq = random_layout(2, 4, 2, prefix=1, seed=3)
     key, xk = random_layout(2, 9, 2, seed=4)
     key.valid = torch.ones(2, 9, dtype=torch.bool)
@@ -62,9 +59,11 @@ def test_pape_bias_matches_equation_9_by_hand():
     w = layer.w_p[:, 0, 0]  # (H,)
     r = layout.coords[0, :, 0].double()
     delta = w[:, None, None] * (r[None, None, :] - r[None, :, None])  # (H, Nq, Nk)
-    expected = (a[0, :, :, :1] * delta**2 + b[0, :, :, :1] * delta) / math.sqrt(DIM // HEADS)
+    expected = (a[0, :, :, :1] * delta**2 + b[0, :, :, :1] * delta) / math.sqrt(LAYER_DIM // LAYER_HEADS)
     inputs = _inputs(x, layout)
-    torch.testing.assert_close(layer.bias(torch.zeros(1, HEADS, 4, DIM // HEADS), None, inputs)[0], expected)
+    torch.testing.assert_close(
+        layer.bias(torch.zeros(1, LAYER_HEADS, 4, LAYER_DIM // LAYER_HEADS), None, inputs)[0], expected
+    )
 
 
 def _inputs(x, layout):
@@ -76,15 +75,15 @@ def _inputs(x, layout):
 def test_pape_widens_heads_by_2m_plus_1_padded_to_8():
     attn = make_attention("pape", 2, {"m": 5})
     layout, x = random_layout(1, 7, 2)
-    q = torch.randn(1, HEADS, 7, DIM // HEADS, dtype=torch.float64)
+    q = torch.randn(1, LAYER_HEADS, 7, LAYER_DIM // LAYER_HEADS, dtype=torch.float64)
     q2, k2 = attn.encoding.transform_qk(q, q.clone(), _inputs(x, layout))
-    width = DIM // HEADS + 2 * 5 + 1
+    width = LAYER_DIM // LAYER_HEADS + 2 * 5 + 1
     assert q2.shape[-1] == k2.shape[-1] == width + (-width % 8)
 
 
 def test_pape_a_is_negative_so_distance_decays():
     attn = make_attention("pape", 2, {"m": 4})
-    a, _ = attn.encoding.coefficients(torch.randn(3, 10, DIM, dtype=torch.float64))
+    a, _ = attn.encoding.coefficients(torch.randn(3, 10, LAYER_DIM, dtype=torch.float64))
     assert (a < 0).all()
 
 
@@ -101,9 +100,9 @@ def test_rope_equals_explicit_rotation_formula():
     """1-D, one rotation pair per frequency: q_i.k_j rotated = Re(q_c conj(k_c) e^{i θ (r_i - r_j)})."""
     attn = make_attention("rope", 1, {"base": 10.0})
     layout, _ = random_layout(1, 5, 1, seed=7)
-    q = torch.randn(1, HEADS, 5, DIM // HEADS, dtype=torch.float64)
-    k = torch.randn(1, HEADS, 5, DIM // HEADS, dtype=torch.float64)
-    rq, rk = attn.encoding.transform_qk(q, k, _inputs(torch.zeros(1, 5, DIM, dtype=torch.float64), layout))
+    q = torch.randn(1, LAYER_HEADS, 5, LAYER_DIM // LAYER_HEADS, dtype=torch.float64)
+    k = torch.randn(1, LAYER_HEADS, 5, LAYER_DIM // LAYER_HEADS, dtype=torch.float64)
+    rq, rk = attn.encoding.transform_qk(q, k, _inputs(torch.zeros(1, 5, LAYER_DIM, dtype=torch.float64), layout))
     freqs = attn.encoding.frequencies[0].double()  # (F,)
     qc = torch.view_as_complex(q.unflatten(-1, (-1, 2)).contiguous())
     kc = torch.view_as_complex(k.unflatten(-1, (-1, 2)).contiguous())
@@ -115,7 +114,7 @@ def test_rope_equals_explicit_rotation_formula():
 
 def test_cape_is_mean_normalisation_only_in_eval_mode():
     geometry = Geometry(pos_dim=2, grid_shape=(4, 6), num_prefix_tokens=1)
-    cape = build("cape", geometry, DIM, HEADS, 1).eval()
+    cape = build("cape", geometry, LAYER_DIM, LAYER_HEADS, 1).eval()
     layout = PositionLayout.grid(2, (4, 6), 1)
     prepared = cape.prepare(layout)
     unit = layout.coords * torch.tensor([2 / 3, 2 / 5]) - 1  # CAPE's linspace(-1, 1, n) per axis
@@ -126,7 +125,9 @@ def test_cape_is_mean_normalisation_only_in_eval_mode():
 
 def test_cape_training_augmentation_stays_within_its_bounds():
     geometry = Geometry(pos_dim=1, grid_shape=None)
-    cape = build("cape", geometry, DIM, HEADS, 1, {"max_global_shift": 0.5, "max_local_shift": 0.1, "max_scale": 1.4})
+    cape = build(
+        "cape", geometry, LAYER_DIM, LAYER_HEADS, 1, {"max_global_shift": 0.5, "max_local_shift": 0.1, "max_scale": 1.4}
+    )
     cape.train()
     cape.generator = torch.Generator().manual_seed(0)
     coords = torch.linspace(-3, 3, 50).reshape(1, 50, 1).expand(400, -1, -1).clone()
@@ -148,12 +149,12 @@ def test_cape_two_dim_frequencies_follow_eq_4():
 
 def test_abspos_resizes_bicubically_and_is_exact_on_its_own_grid():
     geometry = Geometry(pos_dim=2, grid_shape=(4, 4), num_prefix_tokens=1)
-    abspos = build("abspos", geometry, DIM, HEADS, 1)
-    x = torch.zeros(1, 17, DIM)
+    abspos = build("abspos", geometry, LAYER_DIM, LAYER_HEADS, 1)
+    x = torch.zeros(1, 17, LAYER_DIM)
     same = abspos.embed(x, PositionLayout.grid(1, (4, 4), 1))
     torch.testing.assert_close(same[0, 1:], abspos.table.flatten(2)[0].T)
     assert same[0, 0].abs().max() == 0  # CLS gets no positional vector
-    bigger = abspos.embed(torch.zeros(1, 65, DIM), PositionLayout.grid(1, (8, 8), 1))
+    bigger = abspos.embed(torch.zeros(1, 65, LAYER_DIM), PositionLayout.grid(1, (8, 8), 1))
     expected = torch.nn.functional.interpolate(abspos.table, size=(8, 8), mode="bicubic", align_corners=False)
     torch.testing.assert_close(bigger[0, 1:], expected.flatten(2)[0].T)
 

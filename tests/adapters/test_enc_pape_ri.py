@@ -7,31 +7,29 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from _encoding_checks import (
-    HEADS,
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pe_bench.adapters import AttentionInputs, Geometry, Principle, build, get
+from pe_bench.harness.conformance.probes import (
+    LAYER_HEADS,
     assert_all_parameters_learn,
     assert_cls_position_free,
     assert_padding_inert,
+    efficient_and_explicit,
     make_attention,
     plain_copy,
     random_layout,
     random_rotation,
     with_padding,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from pe_bench.adapters import AttentionInputs, Geometry, Principle, build, get
 
 FAST = settings(max_examples=12, deadline=None)
 
 
 def pair(pos_dim: int, cross: bool = False):
     """The efficient and the explicit form with identical weights."""
-    efficient = make_attention("pape-ri", pos_dim, cross=cross)
-    explicit = make_attention("pape-ri", pos_dim, {"form": "explicit"}, cross=cross)
-    explicit.load_state_dict(efficient.state_dict())
-    return efficient, explicit
+    return efficient_and_explicit("pape-ri", pos_dim, cross=cross)
 
 
 @settings(max_examples=8, deadline=None)
@@ -47,9 +45,9 @@ def test_efficient_equals_explicit_cross_attention():
     efficient, explicit = pair(2, cross=True)
     query, x = random_layout(2, 9, 2, prefix=1, seed=3)
     key, context = random_layout(2, 20, 2, prefix=1, seed=4)
-    key, context = with_padding(key, context, 3)
+    key, context = with_padding(key, context, 3, torch.Generator().manual_seed(2))
     for attn in (efficient, explicit):
-        assert attn.logits(x, query, context, key).shape == (2, HEADS, 10, 24)
+        assert attn.logits(x, query, context, key).shape == (2, LAYER_HEADS, 10, 24)
     torch.testing.assert_close(efficient.logits(x, query, context, key), explicit.logits(x, query, context, key))
 
 
@@ -71,7 +69,7 @@ def test_bias_is_alpha_times_scaled_squared_distance():
 def test_rotation_and_translation_invariance(pos_dim, seed, form):
     attn = make_attention("pape-ri", pos_dim, {"form": form})
     layout, x = random_layout(2, 16, pos_dim, prefix=1)
-    rotation = random_rotation(pos_dim, seed)
+    rotation = random_rotation(pos_dim, torch.Generator().manual_seed(seed))
     shift = torch.randn(pos_dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 20
     moved = layout.with_coords(layout.coords @ rotation.T + shift)
     torch.testing.assert_close(attn.logits(x, moved), attn.logits(x, layout))
@@ -87,7 +85,7 @@ def test_not_directional():
 def test_widening_is_head_plus_p_plus_two_padded():
     attn = make_attention("pape-ri", 3, {"pad_to": 1})
     layout, x = random_layout(1, 5, 3)
-    q = k = torch.randn(1, HEADS, 5, attn.head_dim, dtype=torch.float64)
+    q = k = torch.randn(1, LAYER_HEADS, 5, attn.head_dim, dtype=torch.float64)
     inputs = AttentionInputs(x_q=x, x_k=x, query=layout, key=layout)
     q_ext, k_ext = attn.encoding.transform_qk(q, k, inputs)
     assert q_ext.shape[-1] == k_ext.shape[-1] == attn.head_dim + 3 + 2
@@ -120,3 +118,43 @@ def test_principles():
     }
     enc = build("pape-ri", Geometry(pos_dim=2), 32, 4, 1, {"form": "explicit"})
     assert Principle.FUSED_KERNEL not in enc.claimed_principles()
+
+
+def test_official_wp_init_is_a_frozen_uniform_draw():
+    """Official code: w_p ~ U(-1/sqrt(P), 1/sqrt(P)) per layer and head, a buffer."""
+    torch.manual_seed(0)
+    enc = build("pape-ri", Geometry(pos_dim=2), 2000, 2000, 2)  # 2000 heads: many draws
+    first, second = enc.make_layer(0), enc.make_layer(1)
+    assert enc.options.wp_init == "official"
+    assert "w_p" not in dict(first.named_parameters())  # not trained ...
+    assert "w_p" in first.state_dict()  # ... but checkpointed
+    bound = 1 / math.sqrt(2)
+    assert first.w_p.abs().max() <= bound
+    assert first.w_p.min() < -0.95 * bound and first.w_p.max() > 0.95 * bound
+    assert abs(first.w_p.mean().item()) < 0.05  # centred (std of the mean ~0.009)
+    assert not torch.equal(first.w_p, second.w_p)  # a fresh draw per layer
+    torch.manual_seed(0)
+    again = build("pape-ri", Geometry(pos_dim=2), 2000, 2000, 2).make_layer(0)
+    torch.testing.assert_close(again.w_p, first.w_p)  # drawn from the seeded global generator
+    three_d = build("pape-ri", Geometry(pos_dim=3), 2000, 2000, 1).make_layer(0)
+    assert three_d.w_p.abs().max() <= 1 / math.sqrt(3)
+
+
+def test_geometric_wp_init_is_learnable_alibi_like():
+    layer = build("pape-ri", Geometry(pos_dim=2), 32, 4, 1, {"wp_init": "geometric"}).make_layer(0)
+    assert "w_p" in dict(layer.named_parameters())
+    torch.testing.assert_close(layer.w_p.detach(), torch.tensor([2**-1, 2**-2, 2**-3, 2**-4]))
+    attn = make_attention("pape-ri", 2, {"wp_init": "geometric"})
+    layout, x = random_layout(2, 16, 2, prefix=1)
+    assert_all_parameters_learn(attn, layout, x)
+
+
+@pytest.mark.parametrize("wp_init", ["official", "geometric"])
+def test_both_initialisations_agree_across_forms_and_decay(wp_init):
+    efficient = make_attention("pape-ri", 2, {"wp_init": wp_init})
+    explicit = make_attention("pape-ri", 2, {"form": "explicit", "wp_init": wp_init})
+    explicit.load_state_dict(efficient.state_dict())
+    layout, x = random_layout(2, 16, 2, prefix=1)
+    torch.testing.assert_close(efficient.logits(x, layout), explicit.logits(x, layout))
+    bias = efficient.logits(x, layout) - plain_copy(efficient).logits(x, layout)
+    assert (bias <= 1e-12).all()

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _encoding_checks import (
-    HEADS,
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pe_bench.adapters import Geometry, NotApplicableError, PositionLayout, Principle, build
+from pe_bench.harness.conformance.probes import (
+    LAYER_HEADS,
     assert_all_parameters_learn,
     assert_cls_position_free,
     assert_padding_inert,
@@ -13,10 +17,6 @@ from _encoding_checks import (
     plain_copy,
     random_layout,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from pe_bench.adapters import Geometry, NotApplicableError, PositionLayout, Principle, build
 
 FAST = settings(max_examples=12, deadline=None)
 
@@ -34,7 +34,7 @@ def test_bias_is_table_lookup_at_clipped_offset():
     """Independent reference: loop over pairs, round the offset, clip per axis, index the 2D table."""
     attn = make_attention("relpos", 2, {"window": (2, 3)})
     layout, x = random_layout(1, 12, 2, scale=3.0)
-    table = attn.encoding.table.detach().view(HEADS, 5, 7)
+    table = attn.encoding.table.detach().view(LAYER_HEADS, 5, 7)
     bias = bias_of(attn, x, layout)
     r = layout.coords[0]
     for i in range(12):
@@ -95,7 +95,7 @@ def test_cross_attention_with_different_layouts():
 def test_padding_cls_and_gradients_on_a_grid():
     # Default window on a 4 x 4 grid: 3 per axis, so every one of the 7 x 7 cells is used.
     attn = make_attention("relpos", 2, grid_shape=(4, 4))
-    assert attn.encoding.table.shape == (HEADS, 49)
+    assert attn.encoding.table.shape == (LAYER_HEADS, 49)
     layout = PositionLayout.grid(2, (4, 4), num_prefix_tokens=2)
     x = torch.randn(2, 18, 32, dtype=torch.float64)
     assert_padding_inert(attn, layout, x)

@@ -6,18 +6,18 @@ import math
 
 import pytest
 import torch
-from _encoding_checks import (
-    HEADS,
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pe_bench.adapters import AttentionInputs, Geometry, Principle, build
+from pe_bench.harness.conformance.probes import (
+    LAYER_HEADS,
     assert_all_parameters_learn,
     assert_cls_position_free,
     assert_padding_inert,
     make_attention,
     random_layout,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from pe_bench.adapters import AttentionInputs, Geometry, Principle, build
 
 FAST = settings(max_examples=12, deadline=None)
 
@@ -47,11 +47,11 @@ def test_rotation_uses_mixed_angles():
     freqs = attn.encoding.frequencies.detach()  # (H, P, F)
     layout, _ = random_layout(1, 4, 3)
     centred = layout.coords - layout.coords.mean(1, keepdim=True)  # the frame of the keys' centroid
-    z = torch.randn(1, HEADS, 4, attn.head_dim, dtype=torch.float64)
+    z = torch.randn(1, LAYER_HEADS, 4, attn.head_dim, dtype=torch.float64)
     inputs = AttentionInputs(x_q=z[:, 0], x_k=z[:, 0], query=layout, key=layout)
     rotated, _ = attn.encoding.transform_qk(z, z, inputs)
     pairs = freqs.shape[-1]
-    for h in range(HEADS):
+    for h in range(LAYER_HEADS):
         for n in range(4):
             for f in range(pairs):
                 angle = float(centred[0, n] @ freqs[h, :, f])
@@ -74,18 +74,18 @@ def test_directional_not_rotation_invariant():
 def test_initialisation(pos_dim):
     """Magnitudes base^(-l/levels) per level; per head an orthonormal frame of P directions."""
     head_dim = 24
-    enc = build("rope-mixed", Geometry(pos_dim=pos_dim), head_dim * HEADS, HEADS, depth=2)
+    enc = build("rope-mixed", Geometry(pos_dim=pos_dim), head_dim * LAYER_HEADS, LAYER_HEADS, depth=2)
     layer0, layer1 = enc.make_layer(0), enc.make_layer(1)
     freqs = layer0.frequencies.detach()  # (H, P, levels * P), direction-major
     levels = head_dim // (2 * pos_dim)
-    assert freqs.shape == (HEADS, pos_dim, levels * pos_dim)
+    assert freqs.shape == (LAYER_HEADS, pos_dim, levels * pos_dim)
     per_dir = freqs.unflatten(-1, (pos_dim, levels))  # (H, coord, direction, level)
     ladder = 10.0 ** (-torch.arange(levels) / levels)
-    torch.testing.assert_close(per_dir.norm(dim=1), ladder.expand(HEADS, pos_dim, -1))
+    torch.testing.assert_close(per_dir.norm(dim=1), ladder.expand(LAYER_HEADS, pos_dim, -1))
     frames = per_dir[..., 0]  # level 0 has magnitude 1: the directions themselves
-    eye = torch.eye(pos_dim).expand(HEADS, -1, -1)
+    eye = torch.eye(pos_dim).expand(LAYER_HEADS, -1, -1)
     torch.testing.assert_close(frames.transpose(-1, -2) @ frames, eye)
-    torch.testing.assert_close(torch.linalg.det(frames), torch.ones(HEADS))
+    torch.testing.assert_close(torch.linalg.det(frames), torch.ones(LAYER_HEADS))
     if pos_dim == 2:  # rope-vit: directions a and a + π/2
         torch.testing.assert_close(frames[:, :, 1], torch.stack([-frames[:, 1, 0], frames[:, 0, 0]], dim=-1))
     if pos_dim > 1:  # random per head and per layer

@@ -3,14 +3,6 @@
 from __future__ import annotations
 
 import torch
-from _encoding_checks import (
-    HEADS,
-    assert_all_parameters_learn,
-    assert_cls_position_free,
-    assert_padding_inert,
-    make_attention,
-    random_layout,
-)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +10,14 @@ from pe_bench.adapters import AttentionInputs, Geometry, PositionLayout, Princip
 from pe_bench.adapters.rope import rotate_pairs
 from pe_bench.adapters.rope_mixed import mixed_angles
 from pe_bench.adapters.string_cayley import cayley
+from pe_bench.harness.conformance.probes import (
+    LAYER_HEADS,
+    assert_all_parameters_learn,
+    assert_cls_position_free,
+    assert_padding_inert,
+    make_attention,
+    random_layout,
+)
 
 FAST = settings(max_examples=10, deadline=None)
 
@@ -45,12 +45,12 @@ def test_layer_p_is_orthogonal_and_matches_the_cayley_formula():
     p, _ = attn.encoding.generators()
     d = attn.head_dim
     rows, cols = torch.triu_indices(d, d, offset=1)
-    s = torch.zeros(HEADS, d, d, dtype=torch.float64)
+    s = torch.zeros(LAYER_HEADS, d, d, dtype=torch.float64)
     s[:, rows, cols] = attn.encoding.s_upper.detach()
     s = s - s.transpose(-1, -2)
     eye = torch.eye(d, dtype=torch.float64)
     torch.testing.assert_close(p, (eye - s) @ torch.linalg.inv(eye + s))
-    torch.testing.assert_close(p.transpose(-1, -2) @ p, eye.expand(HEADS, -1, -1))
+    torch.testing.assert_close(p.transpose(-1, -2) @ p, eye.expand(LAYER_HEADS, -1, -1))
 
 
 @FAST
@@ -75,8 +75,8 @@ def test_score_is_pq_rope_of_offset_pk():
     """<R(r_i) q, R(r_j) k> = (P q)^T RoPE(r_j - r_i) (P k): P acts before RoPE, shared by q and k."""
     attn = trained_like(2)
     layout, x = random_layout(1, 6, 2)
-    q = torch.randn(1, HEADS, 6, attn.head_dim, dtype=torch.float64)
-    k = torch.randn(1, HEADS, 6, attn.head_dim, dtype=torch.float64)
+    q = torch.randn(1, LAYER_HEADS, 6, attn.head_dim, dtype=torch.float64)
+    k = torch.randn(1, LAYER_HEADS, 6, attn.head_dim, dtype=torch.float64)
     q_enc, k_enc = attn.encoding.transform_qk(q, k, AttentionInputs(x_q=x, x_k=x, query=layout, key=layout))
     scores = q_enc @ k_enc.transpose(-1, -2)
     p, freqs = attn.encoding.generators()

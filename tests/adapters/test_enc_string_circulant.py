@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _encoding_checks import (
-    HEADS,
-    assert_all_parameters_learn,
-    assert_cls_position_free,
-    assert_padding_inert,
-    make_attention,
-    random_layout,
-)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pe_bench.adapters import AttentionInputs, Geometry, PositionLayout, Principle, build
 from pe_bench.adapters.rope_mixed import mixed_angles
 from pe_bench.adapters.string_circulant import phases
+from pe_bench.harness.conformance.probes import (
+    LAYER_HEADS,
+    assert_all_parameters_learn,
+    assert_cls_position_free,
+    assert_padding_inert,
+    make_attention,
+    random_layout,
+)
 
 FAST = settings(max_examples=10, deadline=None)
 
@@ -49,7 +49,9 @@ def explicit_generators(layer, head_dim: int) -> torch.Tensor:
 def test_fft_form_equals_matrix_exponential(pos_dim, block):
     """R(r) computed with the FFT is exp(Σ_k r_k L_k) with antisymmetric, commuting circulant L_k."""
     head_dim = 40 if block == 5 else 8
-    enc = build("string-circulant", Geometry(pos_dim=pos_dim), head_dim * HEADS, HEADS, 1, {"block_size": block})
+    enc = build(
+        "string-circulant", Geometry(pos_dim=pos_dim), head_dim * LAYER_HEADS, LAYER_HEADS, 1, {"block_size": block}
+    )
     layer = enc.make_layer(0).double()
     with torch.no_grad():
         layer.u_free.normal_(0.0, 0.7)
@@ -60,7 +62,7 @@ def test_fft_form_equals_matrix_exponential(pos_dim, block):
     # Encode the basis vectors e_1..e_d, all at position r: the outputs are R(r)'s columns.
     r = torch.tensor([1.7, -0.4, 2.9][:pos_dim], dtype=torch.float64)
     layout = PositionLayout(coords=r.expand(1, head_dim, -1), has_pos=torch.ones(1, head_dim, dtype=torch.bool))
-    basis = torch.eye(head_dim, dtype=torch.float64).expand(1, HEADS, -1, -1)
+    basis = torch.eye(head_dim, dtype=torch.float64).expand(1, LAYER_HEADS, -1, -1)
     # encode() directly: transform_qk would first centre the positions (all at r -> all at 0).
     _, phi = layer.generators()
     out = layer.encode(basis, mixed_angles(layout, phi), None)
@@ -68,7 +70,7 @@ def test_fft_form_equals_matrix_exponential(pos_dim, block):
     expected = torch.linalg.matrix_exp(torch.einsum("k,hkij->hij", r, gens))
     torch.testing.assert_close(rot, expected)
     torch.testing.assert_close(
-        rot.transpose(-1, -2) @ rot, torch.eye(head_dim, dtype=torch.float64).expand(HEADS, -1, -1)
+        rot.transpose(-1, -2) @ rot, torch.eye(head_dim, dtype=torch.float64).expand(LAYER_HEADS, -1, -1)
     )
 
 
@@ -109,7 +111,7 @@ def test_padding_cls_and_gradients():
     assert_padding_inert(attn, layout, x)
     assert_cls_position_free(attn, layout, x, prefix=2)
     # Position-free tokens are not transformed at all (R(0) = I).
-    z = torch.randn(2, HEADS, x.shape[1], attn.head_dim, dtype=torch.float64)
+    z = torch.randn(2, LAYER_HEADS, x.shape[1], attn.head_dim, dtype=torch.float64)
     q, _ = attn.encoding.transform_qk(z, z, AttentionInputs(x_q=x, x_k=x, query=layout, key=layout))
     torch.testing.assert_close(q[:, :, :2], z[:, :, :2])
     assert_all_parameters_learn(attn, layout, x)

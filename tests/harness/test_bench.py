@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from pe_bench.harness.cli import main
 from pe_bench.harness.reports.bench import BenchSpec, forward_table, sweep_table
 
@@ -12,6 +14,15 @@ def test_forward_table_is_relative_to_nopos_and_counts_positional_parameters():
     assert list(table.index) == ["nopos", "rope", "pape[m=4]", "abspos", "alibi"]
     for column in ("infer_ms_per_image_b1", "infer_ms_per_image_b4", "train_step_ms_b2"):
         assert table.loc["nopos", f"{column}_vs_nopos"] == 1.0 and (table[column] > 0).all()
+        assert (table[f"{column}_iqr"] >= 0).all()  # the spread beside each median
+    # FLOPs of the tiny ViT (d 64, 4 layers, 4 heads, MLP 128, 36 patches + CLS, 1000 classes):
+    # patch embedding + (qkv, projection, MLP) per layer + head + attention's two products.
+    tokens, dim = 37, 64
+    matmuls = 2 * 36 * 48 * dim + 4 * 2 * tokens * dim * (3 * dim + dim + 2 * 128) + 2 * dim * 1000
+    attention = 4 * 2 * 2 * tokens * tokens * dim
+    assert table.loc["nopos", "gflops_per_image"] == round((matmuls + attention) / 1e9, 4)
+    assert table.loc["rope", "gflops_per_image"] == table.loc["nopos", "gflops_per_image"]  # rotation: elementwise
+    assert table.loc["pape[m=4]", "gflops_per_image"] > table.loc["nopos", "gflops_per_image"]  # wider q/k
     # fused-kernel encodings reach a fused kernel (CPU flash also takes ALiBi's float bias,
     # which is still an N x N tensor: the bias, not the kernel, decides the memory)
     backends = {"FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "OVERRIDEABLE", "MATH"}
@@ -30,6 +41,9 @@ def test_sweep_measures_each_point_in_a_fresh_process():
 
 
 def test_bench_command_prints_the_table(capsys):
-    assert main(["bench", "--model", "tiny", "--methods", "nopos,rope", "--repeats", "1"]) == 0
+    threads = torch.get_num_threads()
+    assert main(["bench", "--model", "tiny", "--methods", "nopos,rope", "--repeats", "2", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "infer_ms_per_image_b32_vs_nopos" in out and "train_step_ms_b32" in out and "device:" in out
+    assert "train_step_ms_b32_iqr" in out and "gflops_per_image" in out and "torch threads: 1" in out
+    assert torch.get_num_threads() == threads  # the timer restores the setting

@@ -21,6 +21,27 @@ def test_papers_listing_and_one_table(capsys):
     assert "74.9" in capsys.readouterr().out  # PaPE at 1024² without interpolation
 
 
-def test_table_with_paper_comparison_on_no_results(tmp_path, capsys):
-    assert main(["table", "--out", str(tmp_path), "--paper", "pape:table1"]) == 0
-    assert "(no results yet)" in capsys.readouterr().out
+def test_table_of_a_folder_without_results_is_an_error(tmp_path, capsys):
+    # a mistyped --out used to print an empty table and succeed
+    assert main(["table", "--out", str(tmp_path / "typo"), "--paper", "pape:table1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and "typo has no results (no runs/ folder)" in captured.err
+    (tmp_path / "runs").mkdir()
+    assert main(["table", "--out", str(tmp_path)]) == 2
+    assert "holds no readable results" in capsys.readouterr().err
+
+
+def test_empty_method_or_seed_selection_is_an_error(tmp_path, capsys):
+    for selection in (["--methods", ",", "--seeds", "0"], ["--methods", "rope", "--seeds", ""]):
+        code = main(["run", "--tasks", "imagenet", *selection, "--out", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and "selects no" in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_principles_takes_method_specs_with_options(capsys):
+    """The spec string is parsed once; its options reach the measurement (was: KeyError)."""
+    assert main(["principles", "--methods", "pape[m=4],nopos"]) == 0
+    out = capsys.readouterr().out
+    assert "pape[m=4]" in out and "nopos" in out

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
+
 import pandas as pd
 import pytest
+import torch
+import yaml
+from conftest import REPO_ROOT
 
 from pe_bench.harness.cli import main
+from pe_bench.harness.config import load_run_config, parse_overrides
+from pe_bench.harness.grid import store
+from pe_bench.harness.grid.methods import parse_method
+from pe_bench.harness.grid.runner import resolved_config
 from pe_bench.harness.reports import extrapolate as ex
 
 SMALL = [
@@ -44,9 +55,14 @@ def test_tables_5_6_7_layout():
 
 @pytest.mark.slow
 def test_extrapolate_command_end_to_end(tmp_path, capsys):
-    assert main(["run", "--tasks", "imagenet", "--methods", "rope,abspos", "--out", str(tmp_path), *SMALL]) == 0
+    assert main(["run", "--tasks", "imagenet", "--methods", "rope,abspos,nopos", "--out", str(tmp_path), *SMALL]) == 0
+    without = store.cell_dir(tmp_path, "imagenet", "nopos", 0)
+    (without / "best.ckpt").unlink()
+    capsys.readouterr()
     code = main(["extrapolate", "--task", "imagenet", "--resolutions", "24,48x24", "--out", str(tmp_path)])
     assert code == 0
+    # a finished cell without its checkpoint is named, on the console and under the tables
+    assert f"left out, no usable checkpoint: nopos seed 0: no best.ckpt in {without}" in capsys.readouterr().out
     target = tmp_path / "extrapolation" / "imagenet"
     for name in ("results.csv", "table5.md", "table6.md", "table7.md", "figure.png", "figure.pdf"):
         assert (target / name).is_file(), name
@@ -54,4 +70,45 @@ def test_extrapolate_command_end_to_end(tmp_path, capsys):
     assert frame[(frame.method == "abspos") & frame.interpolation]["accuracy"].isna().all()
     rope = frame[(frame.method == "rope") & (frame.resolution == "24²")].set_index("interpolation")["accuracy"]
     assert rope[True] == rope[False]  # at the training resolution the scale is 1: nothing changes
+    # the 1x column is the cell's own test set: the score the grid recorded for it
+    for method in ("rope", "abspos"):
+        record = store.read_record(store.cell_dir(tmp_path, "imagenet", method, 0))
+        at_1x = frame[(frame.method == method) & (frame.resolution == "24²") & ~frame.interpolation]["accuracy"]
+        assert at_1x.item() == pytest.approx(record.score, abs=1e-9)
     assert "48×24" in (target / "table5.md").read_text()  # non-square evaluation works
+    assert "nopos" not in set(frame.method)
+    for name in ("table5.md", "table6.md", "table7.md"):
+        assert f"no usable checkpoint):\n- nopos seed 0: no best.ckpt in {without}" in (target / name).read_text()
+
+
+class RunsCode:
+    """Unpickling this runs a shell command: what a planted checkpoint could do."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_naming_the_file(tmp_path, capsys):
+    config = load_run_config("imagenet", "tiny", parse_overrides(["model.dim=32", "model.depth=1"]))
+    method = parse_method("rope")
+    cell = store.cell_dir(tmp_path, "imagenet", "rope", 0)
+    cell.mkdir(parents=True)
+    (cell / "config.yaml").write_text(yaml.safe_dump(resolved_config(config, method, {})))
+    marker = tmp_path / "code-ran"
+    torch.save({"state_dict": {}, "payload": RunsCode(f"touch {marker}")}, cell / "best.ckpt")
+    with pytest.raises(ValueError, match="refused to load it") as refused:
+        ex.load_cell(cell, None)
+    assert str(cell / "best.ckpt") in str(refused.value) and "posix.system" in str(refused.value)
+    assert main(["analyze", "--task", "imagenet", "--method", "rope", "--out", str(tmp_path)]) == 2
+    assert f"error: {cell / 'best.ckpt'} is not a plain weights checkpoint" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+def test_no_checkpoint_is_loaded_with_weights_only_false():
+    folders = ("adapters", "harness", "tasks", "pe_bench", "examples", "tests")
+    sources = [p for folder in folders for p in (REPO_ROOT / folder).rglob("*.py") if p != Path(__file__)]
+    unsafe = [str(p) for p in sources if re.search(r"weights_only\s*=\s*False", p.read_text())]
+    assert sources and unsafe == []

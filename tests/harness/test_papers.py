@@ -164,8 +164,8 @@ def test_compare_layout_diff_and_ranks():
     assert coco["rank_ours"].to_dict() == {"rope": 1, "pape": 2}
     assert coco["rank_paper"].to_dict() == {"rope": 2, "pape": 1}
     text = "\n".join(notes)
-    assert "imagenet: 3 methods in both; ranking identical (Kendall τ = +1.00)" in text
-    assert "coco: 2 methods in both; ranking differs (Kendall τ = -1.00)" in text
+    assert "imagenet: 3 methods in both; ranking identical (Kendall τ-b = +1.00, p = 0.33)" in text
+    assert "coco: 2 methods in both; ranking differs (Kendall τ-b = -1.00, p = 1)" in text
     assert "nopos" in text and "wsj" in text and "Not comparable" not in text
     markdown = papers.render_comparison(frame, notes)
     assert "| task" in markdown and "ours − paper" in markdown and "+0.60" in markdown and "80.60" in markdown

@@ -89,3 +89,25 @@ def test_a_plugin_named_like_a_builtin_is_ignored_with_a_warning(tmp_path):
     assert listed.returncode == 0, listed.stderr
     assert "clash-plugin" in listed.stderr and "built-in name" in listed.stderr
     assert re.search(r"^rope .*pe_bench\.adapters\.rope", listed.stdout, re.MULTILINE), listed.stdout
+
+
+TASK_EXAMPLE = ROOT / "examples" / "task_plugin"
+
+
+def test_readme_shows_the_task_example_verbatim():
+    readme = (ROOT / "README.md").read_text()
+    for path in (TASK_EXAMPLE / "pe_bench_marker" / "__init__.py", TASK_EXAMPLE / "pyproject.toml"):
+        assert path.read_text().strip() in readme, f"README's copy of {path.name} is out of date"
+
+
+def test_installed_task_plugin_is_listed_and_runs_in_a_grid(tmp_path):
+    site = tmp_path / "site"
+    pip_install_into(site, TASK_EXAMPLE)
+    listed = pe_bench(site, "list", "tasks", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(r"marker-direction .*plug-in pe-bench-marker 0\.1\.0", listed.stdout), listed.stdout
+    out = str(tmp_path / "out")
+    ran = pe_bench(site, "run", "--tasks", "marker-direction", "--methods", "nopos,rope", "--out", out, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "marker-direction Acc. (%)" in table and "rope" in table and "nopos" in table

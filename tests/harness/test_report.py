@@ -21,7 +21,9 @@ def _cell(out: Path, task: str, method: str, score: float, seed: int = 0) -> Non
         task=task, method=method, seed=seed, profile="tiny", status="ok", metric="acc",
         metric_label="Acc. (%)", higher_is_better=True, score=score,
     )  # fmt: skip
-    store.write_record(store.cell_dir(out, task, method, seed), record)
+    directory = store.cell_dir(out, task, method, seed)
+    store.write_record(directory, record)
+    (directory / "config.yaml").write_text(f"task: {task}\nprofile: tiny\nmodel: {{depth: 4}}\nmethod: {method}\n")
 
 
 def _principles() -> str:

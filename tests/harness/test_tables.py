@@ -1,9 +1,26 @@
-"""The result matrix: mean ± std, best bold, next-best underlined, n/a, lower-is-better."""
+"""The result matrix: mean ± std, best bold, next-best underlined, n/a, lower-is-better; seeds
+held out of those asked for, cells of another configuration, incomplete cells, statistics."""
 
 from __future__ import annotations
 
+import csv
+import math
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from scipy import stats
+
 from pe_bench.harness.grid import store
+from pe_bench.harness.reports import tables
 from pe_bench.harness.reports.tables import matrix, render, write_tables
+
+
+@pytest.fixture(autouse=True)
+def _no_task_imports(monkeypatch):
+    """The tiny footnote imports every task module; it is checked once, in its own test."""
+    monkeypatch.setattr(tables, "_tiny_footnote", lambda tasks: "tiny profile: small stand-ins.")
 
 
 def rec(task, method, seed, score, status="ok", higher=True, label="Acc. (%)"):
@@ -11,6 +28,39 @@ def rec(task, method, seed, score, status="ok", higher=True, label="Acc. (%)"):
         task=task, method=method, seed=seed, profile="tiny", status=status, metric="acc",
         metric_label=label, higher_is_better=higher, score=score,
     )  # fmt: skip
+
+
+def config(task, method, **sections):
+    """A resolved cell config as the runner writes it; ``sections`` replace keys per section."""
+    tree = {
+        "task": task,
+        "profile": "tiny",
+        "model": {"dim": 64, "depth": 4, "num_heads": 4},
+        "optim": {"lr": 0.002, "epochs": 2, "betas": [0.9, 0.999]},
+        "trainer": {"precision": "auto", "num_workers": 0, "threads": 1},
+        "data": {"image_size": 24, "train_size": 3000},
+        "methods": {"pape": {"m": 8}},
+        "method": method,
+        "encoding": method.split("[")[0],
+        "options": {},
+    }
+    for section, changes in sections.items():
+        tree[section] = {**tree[section], **changes} if isinstance(tree[section], dict) else changes
+    return tree
+
+
+def stored(out, task, method, seed, score, status="ok", higher=True, label="Acc. (%)", cfg=None, **sections):
+    """A cell on disk: result.json, and config.yaml for a finished one (``cfg=False``: none)."""
+    directory = store.cell_dir(out, task, method, seed)
+    store.write_record(directory, rec(task, method, seed, score, status, higher, label))
+    if status == store.STATUS_OK and cfg is not False:
+        (directory / "config.yaml").write_text(yaml.safe_dump(cfg or config(task, method, **sections)))
+    return directory
+
+
+def read_csv(out):
+    with (out / "table.csv").open() as handle:
+        return {(row["task"], row["method"]): row for row in csv.DictReader(handle)}
 
 
 def test_mean_std_bold_and_underline():
@@ -41,23 +91,190 @@ def test_lower_is_better_columns_rank_ascending_and_stay_out_of_the_average():
     assert "wsj WER (%) ↓" in text
 
 
-def test_not_applicable_and_failed_cells():
+def test_not_applicable_failed_and_diverged_cells_say_which():
     records = [
-        rec("imagenet", "pape", 0, 80.0),
-        rec("imagenet", "lookhere", 0, None, status="n/a"),
-        rec("imagenet", "rope", 0, None, status="failed"),
-    ]
+        rec("imagenet", "pape", 0, 80.0), rec("imagenet", "pape", 1, 81.0),
+        rec("imagenet", "lookhere", 0, None, status="n/a"), rec("imagenet", "lookhere", 1, None, status="n/a"),
+        rec("imagenet", "rope", 0, None, status="failed"), rec("imagenet", "rope", 1, None, status="failed"),
+        rec("imagenet", "alibi", 0, None, status="diverged"), rec("imagenet", "alibi", 1, None, status="diverged"),
+    ]  # fmt: skip
     text = render(records)
-    assert "n/a" in text and "failed" in text
+    assert "| n/a " in text
+    assert "failed (0/2)" in text and "diverged (0/2)" in text
     means, _, _ = matrix(records)
     assert means["Average"].isna()["lookhere"]
 
 
-def test_tables_written_from_stored_records_only(tmp_path):
-    store.write_record(store.cell_dir(tmp_path, "imagenet", "pape", 0), rec("imagenet", "pape", 0, 70.0))
-    store.write_record(store.cell_dir(tmp_path, "imagenet", "rope", 0), rec("imagenet", "rope", 0, 60.0))
+def test_tables_written_from_stored_cells_only(tmp_path):
+    stored(tmp_path, "imagenet", "pape", 0, 70.0)
+    stored(tmp_path, "imagenet", "rope", 0, 60.0)
     markdown = write_tables(tmp_path)
     assert "**70.00**" in markdown and "tiny profile" in markdown
     for name in ("table.md", "table.tex", "table.csv"):
         assert (tmp_path / name).stat().st_size > 0
-    assert "imagenet,pape" in (tmp_path / "table.csv").read_text()
+    header = (tmp_path / "table.csv").read_text().splitlines()[0]
+    assert header.split(",") == tables.SUMMARY_COLUMNS == [
+        "task", "method", "metric", "higher_is_better", "mean", "std", "n", "asked", "failed", "diverged",
+        "status", "config_ok", "ci_low", "ci_high", "p_vs_best",
+    ]  # fmt: skip
+    assert read_csv(tmp_path)[("imagenet", "pape")]["mean"] == "70.0"
+
+
+def test_a_cell_with_missing_seeds_shows_them_and_is_never_ranked_above_complete_ones(tmp_path):
+    for seed, (pape, rope) in enumerate([(90.0, 85.0), (92.0, 87.0), (91.0, 86.0)]):
+        stored(tmp_path, "imagenet", "pape", seed, pape)
+        stored(tmp_path, "imagenet", "rope", seed, rope)
+    stored(tmp_path, "imagenet", "sincos", 0, 99.6)  # the best number, from one seed of three
+    stored(tmp_path, "imagenet", "sincos", 1, None, status="diverged")
+    stored(tmp_path, "imagenet", "sincos", 2, None, status="diverged")
+    markdown = write_tables(tmp_path)
+    assert "| 99.60 (1/3) " in markdown and "**99.60" not in markdown and "<u>99.60" not in markdown
+    assert "**91.00 ± 1.00**" in markdown and "<u>86.00 ± 1.00</u>" in markdown
+    assert "imagenet/sincos 2 diverged" in markdown
+    assert "a cell with missing seeds (held/asked) or another configuration (†) is never marked" in markdown
+    assert "3 seed(s) asked for in every task (0, 1, 2)" in markdown
+    latex = (tmp_path / "table.tex").read_text()
+    assert "99.60 (1/3)" in latex and r"\textbf{99.60" not in latex and r"\underline{99.60" not in latex
+    row = read_csv(tmp_path)[("imagenet", "sincos")]
+    assert (row["n"], row["asked"], row["failed"], row["diverged"], row["status"]) == ("1", "3", "0", "2", "partial")
+
+
+def test_seeds_asked_for_are_those_of_any_method_of_the_task(tmp_path):
+    for seed in (0, 1, 2):
+        stored(tmp_path, "imagenet", "pape", seed, 90.0 + seed)
+    stored(tmp_path, "imagenet", "rope", 0, 80.0)  # seeds 1 and 2 never ran
+    stored(tmp_path, "coco", "rope", 5, 30.0)  # another task asks for its own seeds
+    stored(tmp_path, "coco", "pape", 5, 31.0)
+    markdown = write_tables(tmp_path)
+    assert "80.00 (1/3)" in markdown and "imagenet/rope 2 not run or left out" in markdown
+    assert "imagenet 3 (0, 1, 2); coco 1 (5)" in markdown or "coco 1 (5); imagenet 3 (0, 1, 2)" in markdown
+    assert "**31.00**" in markdown
+    assert tables.asked_seeds(tables.load_results(tmp_path)) == {"coco": [5], "imagenet": [0, 1, 2]}
+
+
+def test_a_cell_of_another_configuration_is_marked_and_named(tmp_path):
+    for method, score in (("pape", 80.0), ("rope", 75.0), ("sincos", 70.0)):
+        stored(tmp_path, "imagenet", method, 0, score)
+    stored(tmp_path, "imagenet", "alibi", 0, 85.0, model={"depth": 2})
+    stored(tmp_path, "imagenet", "nopos", 0, 10.0, trainer={"num_workers": 8}, options={"x": 1})  # same setting
+    stored(tmp_path, "wsj", "rope", 0, 20.0, higher=False, label="WER (%)", optim={"epochs": 9})  # its own task
+    stored(tmp_path, "wsj", "pape", 0, 25.0, higher=False, label="WER (%)", optim={"epochs": 9})
+    markdown = write_tables(tmp_path)
+    assert "| 85.00 † " in markdown and "**85.00" not in markdown
+    assert "**80.00**" in markdown and "<u>75.00</u>" in markdown
+    assert "imagenet/alibi/seed0: model.depth=2 (others: 4)" in markdown
+    assert "nopos" not in markdown.split("†", 2)[-1] and "wsj/" not in markdown  # only alibi differs
+    assert "**20.00**" in markdown
+    rows = read_csv(tmp_path)
+    assert rows[("imagenet", "alibi")]["config_ok"] == "False" and rows[("imagenet", "nopos")]["config_ok"] == "True"
+    assert r"85.00 $^\dagger$" in (tmp_path / "table.tex").read_text()
+
+
+def test_config_differences_follow_the_runner_rules():
+    flat = tables.result_config(config("imagenet", "pape", data={"train_size": 100}, trainer={"threads": 4}))
+    reference = tables.result_config(config("imagenet", "rope"))
+    assert "trainer.num_workers" not in reference and "options" not in str(list(reference))
+    assert tables.config_differences(flat, reference) == [
+        "data.train_size=100 (others: 3000)", "trainer.threads=4 (others: 1)",
+    ]  # fmt: skip
+    older = config("imagenet", "pape")
+    del older["model"]["num_heads"], older["data"]["image_size"]
+    # A typed section's missing key is a field added since (at its default); free-form data is not.
+    assert tables.config_differences(tables.result_config(older), reference) == ["data.image_size=absent (others: 24)"]
+
+
+def test_cells_without_a_readable_config_are_left_out_and_listed(tmp_path):
+    stored(tmp_path, "imagenet", "pape", 0, 80.0)
+    stored(tmp_path, "imagenet", "pape", 1, 82.0)
+    stored(tmp_path, "imagenet", "rope", 0, 95.0, cfg=False)
+    broken = stored(tmp_path, "imagenet", "rope", 1, 96.0)
+    (broken / "config.yaml").write_text("model: [unclosed\n")
+    stored(tmp_path, "imagenet", "sincos", 0, 60.0)
+    (stored(tmp_path, "imagenet", "sincos", 1, 61.0) / "config.yaml").write_text("- a list\n")
+    markdown = write_tables(tmp_path)
+    assert "95.00" not in markdown and "96.00" not in markdown and "| rope " not in markdown
+    assert "imagenet/rope/seed0 (no config.yaml)" in markdown
+    assert "imagenet/rope/seed1 (unreadable config.yaml: " in markdown
+    assert "imagenet/sincos/seed1 (config.yaml is not a mapping)" in markdown and "60.00 (1/2)" in markdown
+    assert ("imagenet", "rope") not in read_csv(tmp_path)
+    with pytest.raises(tables.CellConfigError, match="no config.yaml"):
+        tables.read_cell_config(tmp_path)
+
+
+def test_confidence_interval_option(tmp_path):
+    for seed, (pape, rope) in enumerate([(90.0, 80.0), (92.0, 83.0), (91.0, 81.0)]):
+        stored(tmp_path, "imagenet", "pape", seed, pape)
+        stored(tmp_path, "imagenet", "rope", seed, rope)
+    half = stats.t.ppf(0.975, 2) * 1.0 / math.sqrt(3)
+    markdown = write_tables(tmp_path, ci=0.95)
+    assert f"**91.00 ± {half:.2f}**" in markdown and half == pytest.approx(2.48, abs=0.005)
+    assert "Mean ± half-width of the 95% Student-t confidence interval over seeds" in markdown
+    row = read_csv(tmp_path)[("imagenet", "pape")]
+    assert float(row["ci_low"]) == pytest.approx(91.0 - half) and float(row["ci_high"]) == pytest.approx(91.0 + half)
+    plain = write_tables(tmp_path)
+    assert "**91.00 ± 1.00**" in plain and "Mean ± std over seeds" in plain
+
+
+def test_cells_not_significantly_worse_than_the_best_are_bold_too(tmp_path):
+    scores = {"pape": [90.0, 92.0, 91.0], "rope": [91.0, 89.0, 90.5], "nopos": [50.0, 52.5, 51.0]}
+    for method, values in scores.items():
+        for seed, value in enumerate(values):
+            stored(tmp_path, "imagenet", method, seed, value)
+    markdown = write_tables(tmp_path)
+    assert "**91.00 ± 1.00**" in markdown and "**90.17 ± 1.04**" in markdown  # a noise winner is not alone
+    assert "<u>51.17 ± 1.26</u>" in markdown
+    assert "not significantly different from it (two-sided paired t-test" in markdown and "α = 0.05" in markdown
+    rows = read_csv(tmp_path)
+    assert rows[("imagenet", "pape")]["p_vs_best"] == ""
+    expected = stats.ttest_rel(scores["rope"], scores["pape"]).pvalue
+    assert float(rows[("imagenet", "rope")]["p_vs_best"]) == pytest.approx(expected) and expected > 0.05
+    assert float(rows[("imagenet", "nopos")]["p_vs_best"]) < 0.05
+    plain = write_tables(tmp_path, significance=False)
+    assert "**91.00 ± 1.00**" in plain and "<u>90.17 ± 1.04</u>" in plain and "no significance test" in plain
+
+
+def test_latex_escapes_headers_and_names_with_one_header_row_a_caption_and_notes():
+    records = [
+        rec("imagenet", "pape[m=8]", 0, 80.0), rec("imagenet", "my_enc&#1", 0, 70.0),
+        rec("wsj", "pape[m=8]", 0, 20.0, higher=False, label="WER (%)"),
+        rec("wsj", "my_enc&#1", 0, 25.0, higher=False, label="WER (%)"),
+    ]  # fmt: skip
+    text = render(records, "latex")
+    body = text[text.index(r"\toprule") : text.index(r"\midrule")]
+    assert body.count(r"\\") == 1 and "task" not in body  # one header row
+    assert r"imagenet Acc. (\%)" in body and r"wsj WER (\%) $\downarrow$" in body and "↓" not in text
+    assert r"pape{[}m=8{]}" in text and r"my\_enc\&\#1" in text
+    assert r"\caption{Result matrix, tiny profile. Mean $\pm$ std over seeds" in text
+    assert "tiny profile: small stand-ins." in text.split(r"\end{tabular}")[1]
+    assert r"\begin{table}" in text and r"\bottomrule" in text and text.rstrip().endswith(r"\end{table}")
+    assert tables.latex.escape("50% of a_b ^ ~ {x} $ \\ ± τ †") == (
+        r"50\% of a\_b \textasciicircum{} \textasciitilde{} \{x\} \$ \textbackslash{} $\pm$ $\tau$ $^\dagger$"
+    )
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex not installed")
+def test_table_tex_compiles(tmp_path):
+    for seed in (0, 1):
+        stored(tmp_path, "imagenet", "pape[m=8]", seed, 80.0 + seed)
+        stored(tmp_path, "imagenet", "rope_x&y", seed, 70.0 + 2 * seed, model={"depth": 2})
+        stored(tmp_path, "wsj", "pape[m=8]", seed, 20.0 + seed, higher=False, label="WER (%)")
+    stored(tmp_path, "wsj", "rope_x&y", 0, None, status="diverged")
+    stored(tmp_path, "imagenet", "sincos", 0, 1.0, cfg=False)
+    write_tables(tmp_path, ci=0.9)
+    document = tmp_path / "document.tex"
+    document.write_text(
+        "\\documentclass{article}\n\\usepackage{booktabs}\n\\begin{document}\n\\input{table.tex}\n\\end{document}\n"
+    )
+    result = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", document.name],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (tmp_path / "document.pdf").stat().st_size > 0
+    assert "Missing character" not in (tmp_path / "document.log").read_text()
+
+
+def test_tiny_footnote_names_the_stand_ins(monkeypatch):
+    monkeypatch.undo()
+    text = render([rec("imagenet", "pape", 0, 70.0), rec("imagenet", "rope", 0, 60.0)])
+    assert "tiny profile: small stand-ins, not the real datasets - imagenet: " in text

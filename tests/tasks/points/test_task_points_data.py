@@ -15,10 +15,10 @@ from pe_bench.tasks import get_task
 from pe_bench.tasks.points.readers import DatasetMissingError
 
 # a backbone small enough for fixtures: two stages, one block each
+SMALL_PTV3 = {"enc_depths": [1, 1], "enc_channels": [16, 32], "enc_num_head": [1, 2], "stem_kernel": 3}
 SMALL_BACKBONE = {
-    "model": {"dim": 16, "num_heads": 1, "patch_size": 32},
+    "model": {"dim": 16, "num_heads": 1, "patch_size": 32, "ptv3": SMALL_PTV3},
     "optim": {"batch_size": 2},
-    "data": {"backbone": {"enc_depths": [1, 1], "enc_channels": [16, 32], "enc_num_head": [1, 2], "stem_kernel": 3}},
 }
 
 
@@ -76,10 +76,8 @@ def test_modelnet40_reader_batches_the_real_layout(tmp_path):
 def test_scannet_reader_batches_the_real_layout(tmp_path):
     write_scannet(tmp_path / "scannet")
     overrides = {**SMALL_BACKBONE, "trainer": {"num_workers": 0}}
-    overrides["model"] = SMALL_BACKBONE["model"] | {"depth": 3}
-    overrides["data"] = {
-        "backbone": SMALL_BACKBONE["data"]["backbone"] | {"dec_depths": [1], "dec_channels": [16], "dec_num_head": [1]}
-    }
+    decoder = {"dec_depths": [1], "dec_channels": [16], "dec_num_head": [1]}
+    overrides["model"] = SMALL_BACKBONE["model"] | {"depth": 3, "ptv3": SMALL_PTV3 | decoder}
     task = get_task("scannet")(load_run_config("scannet", "paper", overrides), tmp_path)
     task.check_data()
     data = task.datamodule(0)
@@ -107,7 +105,7 @@ def test_missing_dataset_error_names_path_and_layout(tmp_path, name):
 def test_model_section_must_agree_with_the_backbone():
     from pe_bench.harness.config import ConfigError
 
-    with pytest.raises(ConfigError, match="model.dim=48 but the backbone says 32"):
+    with pytest.raises(ConfigError, match=r"model.dim=48 but model\.ptv3 says 32"):
         get_task("modelnet40")(load_run_config("modelnet40", "tiny", {"model": {"dim": 48}}))
 
 

@@ -1,0 +1,422 @@
+"""The principle statistics (PaPE, Section 3), their thresholds and the per-geometry measurement.
+
+All principles are measured on the pre-softmax logits ``L`` (B, H, N, N) of the *first*
+attention layer of an encoder probe (:mod:`.probes`), computed by
+:meth:`~pe_bench.harness.blocks.TransformerEncoder.layer_logits`, i.e. on the path the
+encoder's forward takes (``prepare`` -> ``embed`` -> zeroed padding -> ``norm1`` ->
+``Attention.logits``). Only the block of logits between *positioned* tokens enters the
+statistics: a principle is a statement about f(r_i, r_j). How position-free tokens (CLS)
+are treated is checked separately by the ``cls`` protocol check (:mod:`.protocol`).
+
+Each statistic is computed for every seed in ``SEEDS`` (fresh weights, contents and
+transforms per seed) on every probe geometry the encoding supports; a principle is
+*measured* when it holds on every such geometry (:func:`holds` of the worst geometry).
+
+* translation-invariance: ``L`` with every position shifted by one random t versus ``L``.
+  t ~ N(0, 3^2) per axis; for grid-only encodings (``requires_grid``) t is a non-zero
+  integer vector in [-3, 3]^P, i.e. a shift of the grid coordinate frame.
+  Statistic: max |L' - L| / max |L| over the finite entries (inf if the -inf pattern, NaN
+  or +inf entries differ), worst seed. Holds when <= ``INVARIANCE_TOL`` (1e-3): float32
+  rounding of invariant encodings stays below 1e-5, a broken invariance is O(0.1).
+* rotation-invariance (P >= 2 only; SO(1) is trivial): positions rotated about their
+  centroid by a random R in SO(P) (QR of a Gaussian matrix, det fixed to +1). For
+  grid-only encodings (only the 2-D grid probe) R is a random non-trivial multiple of 90
+  degrees, which maps the square grid onto itself: such encodings are only tested on the
+  discrete rotation group of the grid. Same statistic and tolerance as translation.
+* distance-decay: all tokens get *identical content* (one random vector per sample, before
+  ``embed``), so any variation of ``L`` comes from positions (through q/k transforms,
+  biases or absolute embeddings). Statistic: Spearman rank correlation, with average ranks
+  for ties, between L_ij and |r_i - r_j| over the finite keys j of each query i (keys an
+  encoding masks with -inf are left out), averaged over queries, heads, batch and seeds; a
+  flat row (spread <= 1e-5 max |L|) or one with fewer than 3 finite keys counts as 0.
+  Holds when <= ``DECAY_THRESHOLD`` (-0.5): most of the ordering of the logits is
+  explained by distance.
+* directionality: same identical-content logits ``A``; for a pair (i, j), A_ij is offset
+  d = r_j - r_i and A_ji is offset -d, at the same distance. Statistic over the pairs
+  finite both ways: rms(A - A^T) / rms(A - mean A) per sample and head (0 when A is
+  constant up to 1e-5 max |A|; 2, the maximum, when the -inf mask itself is not
+  symmetric), averaged over samples, heads and seeds. Holds when > ``EFFECT_TOL`` (1e-3):
+  a symmetric encoding gives exactly 0 (float noise ~1e-6), a directional one an
+  antisymmetric part comparable with the symmetric one.
+* context-awareness: the *positional part* of the logits is
+  Pi(x, r) = L(x, r) - L(x, r_bar), where r_bar puts every positioned token at their
+  centroid (all relative offsets zero). Pi exists for every family (biases, q/k transforms,
+  absolute embeddings). Any positional term that multiplies q and k (RoPE, absolute
+  embeddings) changes when q and k change, so "Pi depends on content" would call every
+  encoding context-aware, contradicting PaPE's "unlike the baselines, PaPE is context
+  aware". We therefore ask whether Pi depends on content *other than the pair's own query
+  and key vectors*: the encoding is context-aware when Pi changes under either
+    (1) a content perturbation of every token inside the null space of head h's W_q and W_k
+        (so every q and k of head h is unchanged; PaPE's a_i = -softplus(W_a x_i) is not),
+        scaled to norm sqrt(DIM) per token, for each head h, or
+    (2) a perturbation of the content of other tokens: half of the positioned tokens get
+        new content and Pi is compared on pairs among the other half (CoPE-style positions
+        counted over the context).
+  Perturbations are added to the normalised tokens that enter the layer, to both terms of
+  Pi. Statistic: rms(Pi' - Pi) / (rms(Pi) + rms(Pi') + 1e-6 rms(L)) over the entries finite
+  in Pi (1 when the -inf pattern moves with content), the largest over (1)'s heads and
+  (2), averaged over seeds. Holds when > ``EFFECT_TOL`` (1e-3).
+* fused-kernel: a forward of the whole encoder (with and without key padding), once, on
+  the first seed's model, runs with ``torch.nn.functional.scaled_dot_product_attention``
+  wrapped to record ``attn_mask`` shapes, and every layer's ``bias()`` wrapped to record
+  its result. Holds when no layer returns a bias and no mask has shape (..., Nq, Nk) with
+  Nq > 1 and Nk > 1 (a (B, 1, 1, Nk) key-padding mask is fine). Statistic: number of
+  N x N tensors seen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from pe_bench.adapters.base import EncodingOptions, PositionEncoding, PositionLayout, Principle
+
+from ..blocks import TransformerEncoder
+from .probes import (
+    BATCH,
+    DIM,
+    HEADS,
+    PAD_TOKENS,
+    SEEDS,
+    Probe,
+    build_model,
+    collapse,
+    random_rotation,
+    random_shift,
+    rotate,
+    run_safely,
+    shift,
+    with_padding,
+)
+
+INVARIANCE_TOL = 1e-3
+EFFECT_TOL = INVARIANCE_TOL
+DECAY_THRESHOLD = -0.5
+
+#: The criterion each principle's statistic must meet, in words (shown in reports).
+CRITERIA = {
+    Principle.TRANSLATION_INVARIANCE: f"max|L(r+t)-L(r)|/max|L| <= {INVARIANCE_TOL:g}",
+    Principle.ROTATION_INVARIANCE: f"max|L(Rr)-L(r)|/max|L| <= {INVARIANCE_TOL:g}, P >= 2",
+    Principle.DISTANCE_DECAY: f"mean Spearman(logit, distance) <= {DECAY_THRESHOLD:g}",
+    Principle.DIRECTIONALITY: f"rms(A-A^T)/rms(A-mean A) > {EFFECT_TOL:g}",
+    Principle.CONTEXT_AWARENESS: f"rel. change of positional part > {EFFECT_TOL:g}",
+    Principle.FUSED_KERNEL: "no bias and no (.., Nq>1, Nk>1) attn_mask",
+}
+
+__all__ = [
+    "CRITERIA",
+    "DECAY_THRESHOLD",
+    "EFFECT_TOL",
+    "INVARIANCE_TOL",
+    "context_awareness",
+    "decay_and_direction",
+    "fused_kernel",
+    "holds",
+    "measure_principles",
+    "rotation_invariance",
+    "translation_invariance",
+    "worst",
+]
+
+
+def holds(p: Principle, value: float) -> bool:
+    """Whether a statistic of principle ``p`` meets its criterion."""
+    if p in (Principle.TRANSLATION_INVARIANCE, Principle.ROTATION_INVARIANCE):
+        return value <= INVARIANCE_TOL
+    if p is Principle.DISTANCE_DECAY:
+        return value <= DECAY_THRESHOLD
+    if p is Principle.FUSED_KERNEL:
+        return value == 0
+    return value > EFFECT_TOL
+
+
+def worst(p: Principle, values: Iterable[float]) -> float:
+    """The value furthest from holding: the smallest effect, or the largest deviation."""
+    values = list(values)
+    if p in (Principle.DIRECTIONALITY, Principle.CONTEXT_AWARENESS):
+        return min(values)
+    return max(values)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _pp(logits: Tensor, idx: Tensor) -> Tensor:
+    """Block of logits between positioned tokens."""
+    return logits[:, :, idx][:, :, :, idx]
+
+
+def _rms(t: Tensor) -> Tensor:
+    return t.double().square().mean().sqrt() if t.numel() else torch.zeros((), dtype=torch.float64)
+
+
+def _masked_out(t: Tensor) -> Tensor:
+    """Entries an encoding masked out with -inf (LookHere's fields of view, causal masks)."""
+    return t == float("-inf")
+
+
+def _rel_max(new: Tensor, ref: Tensor) -> float:
+    """max |new - ref| / max |ref| over the finite entries; inf when the -inf pattern
+    differs or anything is NaN or +inf."""
+    bad = torch.isnan(new) | torch.isnan(ref) | (new == float("inf")) | (ref == float("inf"))
+    if bad.any() or not torch.equal(_masked_out(new), _masked_out(ref)):
+        return math.inf
+    keep = ~_masked_out(ref)
+    if not keep.any():
+        return 0.0
+    scale = ref[keep].abs().max().item()
+    diff = (new[keep] - ref[keep]).abs().max().item()
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
+
+
+def _average_ranks(v: Tensor, keep: Tensor) -> Tensor:
+    """Ranks along the last dim among the entries where ``keep``, ties sharing their average rank."""
+    other = keep.unsqueeze(-2)
+    less = ((v.unsqueeze(-1) > v.unsqueeze(-2)) & other).sum(-1).double()
+    equal = ((v.unsqueeze(-1) == v.unsqueeze(-2)) & other).sum(-1).double()
+    return less + (equal + 1) / 2
+
+
+def _spearman_rows(values: Tensor, distance: Tensor, flat_tol: float) -> Tensor:
+    """Spearman correlation along the last dim over the finite values (keys an encoding
+    masks with -inf are left out); rows that are flat or have < 3 finite values count as 0."""
+    keep = torch.isfinite(values)
+    count = keep.sum(-1, keepdim=True).clamp_min(1)
+    safe = torch.where(keep, values, torch.zeros_like(values))
+    rv = torch.where(keep, _average_ranks(safe, keep), torch.zeros_like(values))
+    rd = torch.where(keep, _average_ranks(distance, keep), torch.zeros_like(values))
+    rv = torch.where(keep, rv - rv.sum(-1, keepdim=True) / count, rv)
+    rd = torch.where(keep, rd - rd.sum(-1, keepdim=True) / count, rd)
+    denom = (rv.square().sum(-1) * rd.square().sum(-1)).sqrt()
+    rho = (rv * rd).sum(-1) / denom.clamp_min(1e-300)
+    big = torch.finfo(values.dtype).max
+    spread = torch.where(keep, values, -big).amax(-1) - torch.where(keep, values, big).amin(-1)
+    void = (spread <= flat_tol) | (denom == 0) | (count.squeeze(-1) < 3)
+    return torch.where(void, torch.zeros_like(rho), rho)
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def translation_invariance(
+    model: TransformerEncoder, layout: PositionLayout, idx: Tensor, gen: torch.Generator
+) -> float:
+    """Relative change of the positioned logits under one random translation."""
+    x = torch.randn(BATCH, layout.coords.shape[1], DIM, generator=gen)
+    t = random_shift(layout.pos_dim, gen, grid=type(model.encoding).requires_grid)
+    ref = _pp(model.layer_logits(x, layout), idx)
+    new = _pp(model.layer_logits(x, shift(layout, t)), idx)
+    return _rel_max(new, ref)
+
+
+def rotation_invariance(model: TransformerEncoder, layout: PositionLayout, idx: Tensor, gen: torch.Generator) -> float:
+    """Relative change of the positioned logits under one random rotation about the centroid."""
+    x = torch.randn(BATCH, layout.coords.shape[1], DIM, generator=gen)
+    rotation = random_rotation(layout.pos_dim, gen, grid=type(model.encoding).requires_grid)
+    ref = _pp(model.layer_logits(x, layout), idx)
+    new = _pp(model.layer_logits(x, rotate(layout, rotation)), idx)
+    return _rel_max(new, ref)
+
+
+def decay_and_direction(
+    model: TransformerEncoder, layout: PositionLayout, idx: Tensor, gen: torch.Generator
+) -> tuple[float, float]:
+    """(distance-decay, directionality) statistics of the identical-content logits."""
+    content = torch.randn(BATCH, 1, DIM, generator=gen).expand(-1, layout.coords.shape[1], -1)
+    a = _pp(model.layer_logits(content, layout), idx).double()  # (B, H, n, n)
+    coords = layout.coords[:, idx].double()
+    dist2 = (coords.unsqueeze(2) - coords.unsqueeze(1)).square().sum(-1)  # (B, n, n), exact ties on grids
+    if torch.isnan(a).any() or (a == float("inf")).any():
+        raise FloatingPointError("NaN or +inf in the logits")
+    finite = torch.isfinite(a)
+    scale = a[finite].abs().max().item() if finite.any() else 0.0
+    rho = _spearman_rows(a, dist2.unsqueeze(1).expand_as(a), 1e-5 * scale).mean().item()
+    # Directionality on the pairs finite both ways; a -inf mask that differs between
+    # (i, j) and (j, i) is directional by itself and scores the maximum, 2.
+    both = finite & finite.transpose(-1, -2)
+    count = both.sum(dim=(-1, -2)).clamp_min(1)
+    a0 = torch.where(both, a, torch.zeros_like(a))
+    mean = a0.sum(dim=(-1, -2), keepdim=True) / count[..., None, None]
+    spread = (torch.where(both, a0 - mean, torch.zeros_like(a)).square().sum(dim=(-1, -2)) / count).sqrt()
+    asym = ((a0 - a0.transpose(-1, -2)).square().sum(dim=(-1, -2)) / count).sqrt()
+    ratio = torch.where(spread > 1e-5 * max(scale, 1e-30), asym / spread.clamp_min(1e-300), torch.zeros_like(asym))
+    mask_asym = (finite != finite.transpose(-1, -2)).any(-1).any(-1)
+    ratio = torch.where(mask_asym, torch.full_like(ratio, 2.0), ratio)
+    return rho, ratio.mean().item()
+
+
+def context_awareness(model: TransformerEncoder, layout: PositionLayout, idx: Tensor, gen: torch.Generator) -> float:
+    """Largest relative change of the positional part Pi under content that leaves the
+    pair's own q and k unchanged (per head) or that belongs to other tokens."""
+    n = layout.coords.shape[1]
+    x = torch.randn(BATCH, n, DIM, generator=gen)
+    collapsed = collapse(layout)
+
+    def positional(delta: Tensor | None) -> tuple[Tensor, Tensor]:
+        logits = model.layer_logits(x, layout, perturbation=delta)
+        return logits - model.layer_logits(x, collapsed, perturbation=delta), logits
+
+    base, logits = positional(None)
+
+    def change(new: Tensor, old: Tensor, ref: Tensor) -> float:
+        # -inf - -inf is NaN in Pi: compare where both are finite; a -inf pattern that
+        # moves with content is a content-dependent positional term (score 1).
+        if not torch.equal(torch.isfinite(new), torch.isfinite(old)):
+            return 1.0
+        keep = torch.isfinite(old)
+        new, old = new[keep], old[keep]
+        denom = _rms(old) + _rms(new) + 1e-6 * _rms(ref[torch.isfinite(ref)]) + 1e-30
+        return (_rms(new - old) / denom).item() if keep.any() else 0.0
+
+    ratios = [0.0]
+    weight = model.blocks[0].attn.qkv.weight.detach().double()
+    hd = DIM // HEADS
+    for h in range(HEADS):
+        rows = torch.cat([weight[h * hd : (h + 1) * hd], weight[DIM + h * hd : DIM + (h + 1) * hd]])
+        _, s, vh = torch.linalg.svd(rows)
+        rank = int((s > s.max() * 1e-10).sum())
+        null = vh[rank:]
+        if null.shape[0] == 0:
+            continue
+        noise = torch.randn(BATCH, n, DIM, generator=gen, dtype=torch.float64)
+        delta = noise @ null.T @ null
+        delta = delta * (math.sqrt(DIM) / delta.norm(dim=-1, keepdim=True).clamp_min(1e-12))
+        new, _ = positional(delta.float())
+        ratios.append(change(_pp(new, idx)[:, h], _pp(base, idx)[:, h], _pp(logits, idx)[:, h]))
+    order = idx[torch.randperm(len(idx), generator=gen)]
+    changed, kept = order[: len(idx) // 2], order[len(idx) // 2 :]
+    if len(kept) >= 2:
+        delta = torch.zeros(BATCH, n, DIM)
+        delta[:, changed] = torch.randn(BATCH, len(changed), DIM, generator=gen)
+        new, _ = positional(delta)
+        ratios.append(change(_pp(new, kept), _pp(base, kept), _pp(logits, kept)))
+    return max(ratios)
+
+
+@dataclass
+class _Spy:
+    masks: list[tuple[int, ...] | None] = field(default_factory=list)
+    biases: list[tuple[int, ...] | None] = field(default_factory=list)
+
+
+def _run_spied(model: TransformerEncoder, runs: Iterable[tuple[Tensor, PositionLayout]]) -> _Spy:
+    spy = _Spy()
+    original_sdpa = F.scaled_dot_product_attention
+
+    def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, *args, **kwargs):
+        spy.masks.append(None if attn_mask is None else tuple(attn_mask.shape))
+        return original_sdpa(query, key, value, attn_mask, *args, **kwargs)
+
+    layers = {id(b.attn.encoding): b.attn.encoding for b in model.blocks if b.attn.encoding is not None}
+
+    def wrap(method: Callable[..., Tensor | None]) -> Callable[..., Tensor | None]:
+        def bias(*args, **kwargs):
+            out = method(*args, **kwargs)
+            spy.biases.append(None if out is None else tuple(out.shape))
+            return out
+
+        return bias
+
+    for layer in layers.values():
+        object.__setattr__(layer, "bias", wrap(layer.bias))
+    try:
+        with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", sdpa), torch.no_grad():
+            for x, layout in runs:
+                model(x, layout)
+    finally:
+        for layer in layers.values():
+            object.__delattr__(layer, "bias")
+    return spy
+
+
+def fused_kernel(model: TransformerEncoder, layout: PositionLayout, gen: torch.Generator) -> tuple[float, str]:
+    """(number of N x N biases and masks seen in a forward with and without padding, note)."""
+    x = torch.randn(BATCH, layout.coords.shape[1], DIM, generator=gen)
+    padded, xp = with_padding(layout, x, PAD_TOKENS, gen)
+    spy = _run_spied(model, [(x, layout), (xp, padded)])
+    square = [m for m in spy.masks if m is not None and len(m) >= 2 and m[-1] > 1 and m[-2] > 1]
+    biases = [b for b in spy.biases if b is not None]
+    notes = []
+    if biases:
+        notes.append(f"bias() returned {biases[0]}")
+    if square:
+        notes.append(f"attn_mask {square[0]}")
+    if not notes:
+        masks = sorted({str(m) for m in spy.masks})
+        notes.append(f"attn_mask shapes {', '.join(masks)}")
+    return float(len(square) + len(biases)), "; ".join(notes)
+
+
+# --------------------------------------------------------------------------- one geometry
+
+
+def measure_principles(
+    cls: type[PositionEncoding],
+    probe: Probe,
+    options: Mapping[str, Any] | EncodingOptions | None,
+    seeds: tuple[int, ...],
+) -> tuple[dict[Principle, tuple[float | None, str]], TransformerEncoder]:
+    """Per-principle (statistic, note) on one geometry, and the model the fused-kernel
+    statistic ran on (the first seed's), which the protocol checks then use.
+
+    The statistic is None (and the note the error) when its measurement crashed; a
+    principle that is not measurable here (rotation for P = 1) is left out.
+    """
+    stats: dict[Principle, list[float]] = {p: [] for p in Principle}
+    errors: dict[Principle, str] = {}
+    fused_note = ""
+    first: TransformerEncoder | None = None
+    for seed in seeds:
+        model = build_model(cls, probe, options, seed)
+        first = first or model
+        gen = torch.Generator().manual_seed(1000 + seed)
+        layout = probe.layout(BATCH, gen)
+        idx = layout.has_pos[0].nonzero().squeeze(-1)
+        with torch.no_grad():
+            tasks: list[tuple[Principle, Callable[[], Any]]] = [
+                (Principle.TRANSLATION_INVARIANCE, partial(translation_invariance, model, layout, idx, gen)),
+                (Principle.DISTANCE_DECAY, partial(decay_and_direction, model, layout, idx, gen)),
+                (Principle.CONTEXT_AWARENESS, partial(context_awareness, model, layout, idx, gen)),
+            ]
+            if probe.geometry.pos_dim >= 2:
+                tasks.append((Principle.ROTATION_INVARIANCE, partial(rotation_invariance, model, layout, idx, gen)))
+            for principle, fn in tasks:
+                value, err = run_safely(fn)
+                if err:
+                    errors.setdefault(principle, err)
+                    if principle is Principle.DISTANCE_DECAY:
+                        errors.setdefault(Principle.DIRECTIONALITY, err)
+                elif principle is Principle.DISTANCE_DECAY:
+                    stats[Principle.DISTANCE_DECAY].append(value[0])
+                    stats[Principle.DIRECTIONALITY].append(value[1])
+                else:
+                    stats[principle].append(value)
+    model = first if first is not None else build_model(cls, probe, options, SEEDS[0])
+    gen = torch.Generator().manual_seed(2024)
+    layout = probe.layout(BATCH, gen)
+    value, err = run_safely(lambda: fused_kernel(model, layout, gen))
+    if err:
+        errors[Principle.FUSED_KERNEL] = err
+    else:
+        stats[Principle.FUSED_KERNEL].append(value[0])
+        fused_note = value[1]
+
+    result: dict[Principle, tuple[float | None, str]] = {}
+    for p in Principle:
+        if p in errors:
+            result[p] = (None, f"{probe.key}: {errors[p]}")
+        elif not stats[p]:
+            continue  # not measurable here (rotation for P = 1)
+        elif p in (Principle.TRANSLATION_INVARIANCE, Principle.ROTATION_INVARIANCE, Principle.FUSED_KERNEL):
+            result[p] = (max(stats[p]), fused_note if p is Principle.FUSED_KERNEL else "")
+        else:
+            result[p] = (sum(stats[p]) / len(stats[p]), "")
+    return result, model

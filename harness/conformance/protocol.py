@@ -1,0 +1,269 @@
+"""The protocol checks every encoding must pass, on every probe geometry it supports.
+
+They run on the encoder probe the principle statistics used (:mod:`.probes`, first seed).
+Outputs are compared with max |a - b| <= ``PROTOCOL_TOL`` (1e-4) * max(1, max |b|).
+
+* padding: 3 padding tokens (valid False, content ~ N(0, 10^2), positions ~ N(0, 50^2),
+  has_pos True) appended after the real tokens (after the grid on grid geometries, with
+  the layout's grid_shape unchanged); the real tokens' outputs of the depth-2 encoder in
+  eval mode must equal those without padding. (Non-finite garbage is not tested here,
+  although the encoder clears padding with ``torch.where``, which removes NaN too.)
+* cls (geometries with prefix tokens): a prefix token's own positional contribution is nil:
+    (a) its coordinate entries are ignored: garbage coordinates (~ N(0, 50^2)) for the CLS
+        change no output;
+    (b) ``embed`` gives it nothing positional: permuting the patch positions leaves the
+        embedded CLS token unchanged;
+    (c) for encodings measured translation-invariant on this geometry, shifting all patch
+        positions leaves every output, the CLS output included, unchanged. An encoding
+        that is relative between patches but treats the CLS as sitting at some position
+        (e.g. an identity rotation, which *is* position 0) fails here.
+* gradients: in train mode with padding, a random linear loss of the encoder output gives
+  every parameter of the encoding (model level and per layer) a gradient that is not
+  None, finite and not identically zero.
+* extrapolation: a larger grid (8 x 8; 40 tokens) or more, more spread points (60 in an
+  8 m box) than the encoding was built for: no exception, finite output of the right shape.
+* cross-attention: ``Attention(..., cross=True)`` with the first layer's encoding and the
+  self-attention weights, queries (3 x 3 grid + CLS; 7 tokens; 9 points) fewer than keys:
+  finite output of shape (B, Nq, D) and logits (B, H, Nq, Nk) without NaN or +inf; padding
+  the keys changes no query output; and cross-attention of a sequence onto itself (a copy
+  of its layout, not the same object) reproduces self-attention. An encoding that declines
+  cross-attention (``NotApplicableError``) passes as n/a.
+
+A check that raises fails with the exception as its message.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from pe_bench.adapters.base import NotApplicableError, PositionLayout
+
+from ..attention import Attention
+from ..blocks import TransformerEncoder
+from .probes import BATCH, DIM, HEADS, PAD_TOKENS, Probe, random_shift, run_safely, shift, with_padding
+
+PROTOCOL_TOL = 1e-4
+
+__all__ = ["PROTOCOL_TOL", "CheckResult", "run_checks"]
+
+
+@dataclass
+class CheckResult:
+    """One protocol check on one geometry: passed, and the problem or what was verified."""
+
+    name: str
+    geometry: str
+    passed: bool
+    message: str
+
+
+#: A check's outcome: (problem, or None when it passed; what a pass verified).
+Outcome = tuple[str | None, str]
+
+
+def _close(new: Tensor, ref: Tensor) -> tuple[bool, float]:
+    if new.shape != ref.shape:
+        return False, math.inf
+    diff = (new - ref).abs().max().item() if new.numel() else 0.0
+    bound = PROTOCOL_TOL * max(1.0, ref.abs().max().item() if ref.numel() else 1.0)
+    return bool(math.isfinite(diff) and diff <= bound), diff
+
+
+def _copy_layout(layout: PositionLayout) -> PositionLayout:
+    return PositionLayout(
+        coords=layout.coords.clone(),
+        has_pos=layout.has_pos.clone(),
+        valid=None if layout.valid is None else layout.valid.clone(),
+        grid_shape=layout.grid_shape,
+    )
+
+
+def encoding_parameters(model: TransformerEncoder) -> dict[str, torch.nn.Parameter]:
+    """Every parameter of the encoding, model level (``encoding.*``) and per layer (``layer{i}.*``),
+    each once."""
+    params: dict[int, tuple[str, torch.nn.Parameter]] = {}
+    for name, p in model.encoding.named_parameters():
+        params.setdefault(id(p), (f"encoding.{name}", p))
+    for i, block in enumerate(model.blocks):
+        layer = block.attn.encoding
+        if layer is not None:
+            for name, p in layer.named_parameters():
+                params.setdefault(id(p), (f"layer{i}.{name}", p))
+    return dict(params.values())
+
+
+def check_padding(model: TransformerEncoder, layout: PositionLayout, gen: torch.Generator) -> Outcome:
+    x = torch.randn(BATCH, layout.coords.shape[1], DIM, generator=gen)
+    padded, xp = with_padding(layout, x, PAD_TOKENS, gen)
+    with torch.no_grad():
+        ref = model(x, layout)
+        out = model(xp, padded)[:, : x.shape[1]]
+    ok, diff = _close(out, ref)
+    if not ok:
+        return f"real-token outputs change by {diff:.3g} when {PAD_TOKENS} padding tokens are appended", ""
+    return None, "real-token outputs unchanged by padding"
+
+
+def check_cls(
+    model: TransformerEncoder, layout: PositionLayout, translation_invariant: bool, gen: torch.Generator
+) -> Outcome:
+    enc = model.encoding
+    prefix = (~layout.has_pos[0]).nonzero().squeeze(-1)
+    n = layout.coords.shape[1]
+    x = torch.randn(BATCH, n, DIM, generator=gen)
+    problems = []
+    with torch.no_grad():
+        ref = model(x, layout)
+        # (a) prefix coordinates are ignored
+        garbage = layout.coords.clone()
+        garbage[:, prefix] = torch.randn(BATCH, len(prefix), layout.pos_dim, generator=gen) * 50.0
+        ok, diff = _close(model(x, layout.with_coords(garbage)), ref)
+        if not ok:
+            problems.append(f"(a) garbage CLS coordinates change the outputs by {diff:.3g}")
+        # (b) embed adds nothing positional to prefix tokens
+        positioned = layout.has_pos[0].nonzero().squeeze(-1)
+        perm = positioned[torch.randperm(len(positioned), generator=gen)]
+        permuted = layout.coords.clone()
+        permuted[:, positioned] = layout.coords[:, perm]
+        e1 = enc.embed(x, enc.prepare(layout))[:, prefix]
+        e2 = enc.embed(x, enc.prepare(layout.with_coords(permuted)))[:, prefix]
+        ok, diff = _close(e2, e1)
+        if not ok:
+            problems.append(f"(b) the embedded CLS token changes by {diff:.3g} when patch positions are permuted")
+        # (c) translation-invariant encodings: shifting the patches changes nothing, CLS included
+        scope = "(a, b)"
+        if translation_invariant:
+            scope = "(a, b, c)"
+            t = random_shift(layout.pos_dim, gen, grid=type(enc).requires_grid)
+            out = model(x, shift(layout, t))
+            ok, diff = _close(out[:, prefix], ref[:, prefix])
+            ok_all, diff_all = _close(out, ref)
+            if not (ok and ok_all):
+                problems.append(
+                    f"(c) shifting all patch positions by {t.tolist()} changes the CLS output by {diff:.3g} "
+                    f"(all outputs by {diff_all:.3g}) although patch-patch logits are translation-invariant: "
+                    "the CLS token is treated as having a position"
+                )
+    return ("; ".join(problems) if problems else None), f"{scope} hold"
+
+
+def check_gradients(model: TransformerEncoder, layout: PositionLayout, gen: torch.Generator) -> Outcome:
+    params = encoding_parameters(model)
+    if not params:
+        return None, "no encoding parameters"
+    passed = f"finite, non-zero gradients reach all {len(params)} encoding parameters"
+    x = torch.randn(BATCH, layout.coords.shape[1], DIM, generator=gen)
+    padded, xp = with_padding(layout, x, PAD_TOKENS, gen)
+    model.train()
+    try:
+        model.zero_grad(set_to_none=True)
+        out = model(xp, padded)
+        if not torch.isfinite(out).all():
+            return "non-finite output in train mode", passed
+        target = torch.randn(out.shape, generator=gen)
+        (out * target).sum().backward()
+    finally:
+        model.eval()
+    bad = []
+    for name, p in params.items():
+        if p.grad is None:
+            bad.append(f"{name}: no gradient")
+        elif not torch.isfinite(p.grad).all():
+            bad.append(f"{name}: non-finite gradient")
+        elif not p.grad.any():
+            bad.append(f"{name}: gradient identically zero")
+    model.zero_grad(set_to_none=True)
+    return ("; ".join(bad) if bad else None), passed
+
+
+def check_extrapolation(model: TransformerEncoder, probe: Probe, gen: torch.Generator) -> Outcome:
+    layout = probe.larger_layout(BATCH, gen)
+    n = layout.coords.shape[1]
+    size = "x".join(map(str, layout.grid_shape)) if layout.grid_shape else f"{n} points"
+    passed = f"finite output at {size}"
+    x = torch.randn(BATCH, n, DIM, generator=gen)
+    with torch.no_grad():
+        out = model(x, layout)
+    if out.shape != (BATCH, n, DIM):
+        return f"output shape {tuple(out.shape)} at {size}", passed
+    if not torch.isfinite(out).all():
+        return f"non-finite output at {size}", passed
+    return None, passed
+
+
+def check_cross(model: TransformerEncoder, probe: Probe, gen: torch.Generator) -> Outcome:
+    try:
+        return _cross(model, probe, gen), "Nq != Nk, key padding and self-consistency hold"
+    except NotApplicableError as err:
+        return None, f"n/a, the encoding declines cross-attention: {err}"
+
+
+def _cross(model: TransformerEncoder, probe: Probe, gen: torch.Generator) -> str | None:
+    enc = model.encoding
+    layer = model.blocks[0].attn.encoding
+    self_attn = model.blocks[0].attn
+    cross = Attention(DIM, HEADS, layer, cross=True).eval()
+    with torch.no_grad():
+        cross.q.weight.copy_(self_attn.qkv.weight[:DIM])
+        cross.q.bias.copy_(self_attn.qkv.bias[:DIM])
+        cross.kv.weight.copy_(self_attn.qkv.weight[DIM:])
+        cross.kv.bias.copy_(self_attn.qkv.bias[DIM:])
+        cross.proj.load_state_dict(self_attn.proj.state_dict())
+    query = enc.prepare(probe.query_layout(BATCH, gen))
+    key_raw = probe.layout(BATCH, gen)
+    key = enc.prepare(key_raw)
+    nq, nk = query.coords.shape[1], key.coords.shape[1]
+    xq = torch.randn(BATCH, nq, DIM, generator=gen)
+    ctx = torch.randn(BATCH, nk, DIM, generator=gen)
+    problems = []
+    with torch.no_grad():
+        out = cross(xq, query, context=ctx, key=key)
+        if out.shape != (BATCH, nq, DIM) or not torch.isfinite(out).all():
+            problems.append(f"output shape {tuple(out.shape)} (want {(BATCH, nq, DIM)}) or non-finite")
+        logits = cross.logits(xq, query, context=ctx, key=key)
+        if logits.shape != (BATCH, HEADS, nq, nk):
+            problems.append(f"logits shape {tuple(logits.shape)}, want {(BATCH, HEADS, nq, nk)}")
+        elif torch.isnan(logits).any() or (logits == float("inf")).any():
+            problems.append("NaN or +inf logits")
+        padded_raw, ctx_p = with_padding(key_raw, ctx, PAD_TOKENS, gen)
+        out_p = cross(xq, query, context=ctx_p, key=enc.prepare(padded_raw))
+        ok, diff = _close(out_p, out)
+        if not ok:
+            problems.append(f"padding the keys changes query outputs by {diff:.3g}")
+        x = torch.randn(BATCH, nk, DIM, generator=gen)
+        ref = self_attn(x, key)
+        again = cross(x, key, context=x, key=_copy_layout(key))
+        ok, diff = _close(again, ref)
+        if not ok:
+            problems.append(f"cross-attention onto a copy of its own layout differs from self-attention by {diff:.3g}")
+    return "; ".join(problems) if problems else None
+
+
+def run_checks(model: TransformerEncoder, probe: Probe, translation_invariant: bool) -> list[CheckResult]:
+    """Every protocol check on one geometry, in a fixed order that shares one generator.
+
+    ``translation_invariant``: whether the principle statistics measured the encoding
+    translation-invariant on this geometry (enables part (c) of the cls check).
+    """
+    gen = torch.Generator().manual_seed(7)
+    layout = probe.layout(BATCH, gen)
+    checks: list[tuple[str, Callable[[], Outcome]]] = [("padding", partial(check_padding, model, layout, gen))]
+    if probe.geometry.num_prefix_tokens:
+        checks.append(("cls", partial(check_cls, model, layout, translation_invariant, gen)))
+    checks += [
+        ("gradients", partial(check_gradients, model, layout, gen)),
+        ("extrapolation", partial(check_extrapolation, model, probe, gen)),
+        ("cross-attention", partial(check_cross, model, probe, gen)),
+    ]
+    results = []
+    for name, check in checks:
+        outcome, err = run_safely(check)
+        problem, passed = (err, "") if err else outcome
+        results.append(CheckResult(name, probe.key, problem is None, problem or passed))
+    return results

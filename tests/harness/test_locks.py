@@ -1,0 +1,158 @@
+"""One process per cell: CellLock, and grids of several processes on one results folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+from tiny_grid import SMALL, cli_command, run_args
+
+from pe_bench.harness.config import parse_overrides
+from pe_bench.harness.grid import store
+from pe_bench.harness.grid.methods import parse_methods
+from pe_bench.harness.grid.runner import GridRequest, run_grid
+
+
+def write_lock(cell, **owner) -> None:
+    lock = store.CellLock(cell)
+    lock.path.parent.mkdir(parents=True, exist_ok=True)
+    fields = {"pid": 0, "host": store.HOST, "started": "then", "token": "theirs", "process_start": None}
+    lock.path.write_text(json.dumps(fields | owner))
+
+
+def test_lock_is_exclusive_and_released(tmp_path):
+    cell = tmp_path / "runs" / "imagenet" / "rope" / "seed0"
+    first, second = store.CellLock(cell), store.CellLock(cell)
+    assert first.acquire()
+    assert first.path == cell.with_name(".seed0.lock") and first.path.is_file()
+    assert not second.acquire()
+    assert second.owner.pid == os.getpid() and second.owner.host == store.HOST
+    with pytest.raises(store.CellBusyError, match=f"pid {os.getpid()} on host"):
+        second.__enter__()
+    first.release()
+    assert not first.path.exists()
+    with second:
+        assert second.held and not second.lost
+    assert not second.path.exists()
+
+
+def test_lock_of_a_process_that_is_gone_is_broken_with_a_message(tmp_path):
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    cell = tmp_path / "seed0"
+    write_lock(cell, pid=finished.pid)
+    messages = []
+    lock = store.CellLock(cell, say=messages.append)
+    assert lock.acquire()
+    assert len(messages) == 1 and "breaking the stale lock" in messages[0]
+    assert f"process {finished.pid} is gone" in messages[0]
+    lock.release()
+
+
+def test_reused_pid_does_not_keep_a_lock_alive(tmp_path):
+    """A restarted container reuses pids: the lock records its owner's start time too."""
+    cell = tmp_path / "seed0"
+    write_lock(cell, pid=os.getpid(), process_start="1")  # this pid, but another process
+    lock = store.CellLock(cell, say=lambda message: None)
+    assert lock.acquire()
+    lock.release()
+
+
+def test_lock_of_another_host_is_stale_only_without_heartbeat(tmp_path):
+    cell = tmp_path / "seed0"
+    write_lock(cell, pid=1, host="elsewhere")
+    assert not store.CellLock(cell).acquire()  # its owner's pid means nothing here: heartbeat decides
+    path = cell.with_name(".seed0.lock")
+    two_minutes_ago = time.time() - 120
+    os.utime(path, (two_minutes_ago, two_minutes_ago))
+    assert not store.CellLock(cell).acquire()  # default: stale after 10 minutes
+    messages = []
+    lock = store.CellLock(cell, stale_after=60, say=messages.append)
+    assert lock.acquire() and "no heartbeat for 2 min" in messages[0]
+    lock.release()
+
+
+def test_owner_touches_its_lock_while_holding_it(tmp_path):
+    lock = store.CellLock(tmp_path / "seed0", heartbeat=0.05)
+    with lock:
+        long_ago = time.time() - 3600
+        os.utime(lock.path, (long_ago, long_ago))
+        time.sleep(0.5)
+        assert time.time() - lock.path.stat().st_mtime < 60
+    assert not lock.path.exists()
+
+
+@pytest.mark.slow
+def test_grid_passes_over_a_cell_locked_elsewhere_then_takes_it_over(tmp_path):
+    """The owner's staging folder is left alone while it lives; when the owner ends without a
+    result, the waiting grid breaks its lock and trains the cell itself."""
+    owner = subprocess.Popen(["sleep", "4"])
+    cell = store.cell_dir(tmp_path, "imagenet", "nopos", 0)
+    write_lock(cell, pid=owner.pid)
+    their_staging = cell.with_name(f".seed0.partial-{owner.pid}")
+    their_staging.mkdir()
+    messages = []
+
+    def say(message):
+        messages.append(message)
+        if "running in another process" in message:
+            assert their_staging.is_dir()
+
+    overrides = parse_overrides([item for item in SMALL if item != "--set"])
+    request = GridRequest(["imagenet"], parse_methods("nopos"), out=tmp_path, overrides=overrides, poll_seconds=0.2)
+    try:
+        records = run_grid(request, say=say)
+    finally:
+        owner.wait()
+    assert f"running in another process (pid {owner.pid} on host {store.HOST}" in messages[0]
+    assert any(f"process {owner.pid} is gone" in m for m in messages)
+    assert [r.status for r in records] == ["ok"] and records[0].trained_by["pid"] == os.getpid()
+    assert not their_staging.exists() and not cell.with_name(".seed0.lock").exists()
+
+
+TRAINED = re.compile(r"\] imagenet · (\S+) · seed 0: Acc\. \(%\) [\d.]+ \(\d+s\)$", re.MULTILINE)
+
+
+@pytest.mark.slow
+def test_two_processes_on_one_folder_divide_the_cells(tmp_path):
+    methods = ["nopos", "rope", "sincos", "abspos"]
+    command = cli_command(*run_args(tmp_path, ",".join(methods)))
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]  # fmt: skip
+    outputs = [p.communicate(timeout=600) for p in processes]
+    trained_by = {}
+    for process, (out, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, err
+        assert "Error" not in err and "Traceback" not in err, err
+        assert all(f"| {m} " in out for m in methods), out  # the complete table, in both
+        for method in TRAINED.findall(out):
+            assert method not in trained_by, f"{method} trained twice:\n{outputs}"
+            trained_by[method] = process.pid
+    assert sorted(trained_by) == sorted(methods), outputs
+    for method, pid in trained_by.items():
+        assert store.read_record(store.cell_dir(tmp_path, "imagenet", method, 0)).trained_by["pid"] == pid
+    assert not list((tmp_path / "runs").glob("*/*/.seed*"))  # no lock or staging folder left
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_nothing_of_the_interrupted_cell_and_exits_130(tmp_path):
+    args = run_args(tmp_path, "nopos", "--set", "optim.epochs=300")
+    process = subprocess.Popen(cli_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folder = store.cell_dir(tmp_path, "imagenet", "nopos", 0).parent
+    try:
+        deadline = time.time() + 300
+        while not list(folder.glob(".seed0.partial-*/best.ckpt")):  # inside Lightning's fit
+            assert process.poll() is None and time.time() < deadline, process.communicate()
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, (out, err)
+    assert "interrupted: finished cells are kept" in err and "Traceback" not in err
+    assert sorted(p.name for p in folder.iterdir()) == []  # no staging folder, no lock, no cell

@@ -1,0 +1,70 @@
+"""``pe-bench table``: the files it writes (the paper comparison included) and its options."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import yaml
+
+from pe_bench.harness.cli import main
+from pe_bench.harness.grid import store
+from pe_bench.harness.reports import papers, tables
+
+
+@pytest.fixture(autouse=True)
+def _no_task_imports(monkeypatch):
+    """The tiny footnote imports every task module (torch, lightning); tested in test_tables."""
+    monkeypatch.setattr(tables, "_tiny_footnote", lambda tasks: "tiny profile: small stand-ins.")
+    monkeypatch.setattr(tables, "write_extra_tables", lambda out, records: [])
+
+
+def _cell(out, task, method, seed, score, status="ok", depth=4):
+    record = store.CellRecord(
+        task=task, method=method, seed=seed, profile="tiny", status=status, metric="acc",
+        metric_label="Acc. (%)", higher_is_better=True, score=score,
+    )  # fmt: skip
+    directory = store.cell_dir(out, task, method, seed)
+    store.write_record(directory, record)
+    if status == "ok":
+        config = {"task": task, "profile": "tiny", "model": {"depth": depth}, "method": method, "encoding": method}
+        (directory / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def _grid(out):
+    for seed in (0, 1, 2):
+        _cell(out, "imagenet", "pape", seed, 60.0 + seed)
+        _cell(out, "imagenet", "rope", seed, 55.0 + 0.5 * seed)
+        _cell(out, "imagenet", "sincos", seed, 40.0 + seed, depth=2)
+    _cell(out, "imagenet", "lookhere", 0, 50.0)
+    _cell(out, "imagenet", "lookhere", 1, None, status="diverged")
+
+
+def test_table_writes_the_paper_comparison_beside_the_tables(tmp_path, capsys):
+    _grid(tmp_path)
+    assert main(["table", "--out", str(tmp_path), "--paper", "pape:table1", "--ci", "95"]) == 0
+    printed = capsys.readouterr().out
+    for name in ("table.md", "table.tex", "table.csv", "paper_comparison_pape_table1.md"):
+        assert (tmp_path / name).is_file() and name in printed
+    markdown = (tmp_path / "paper_comparison_pape_table1.md").read_text()
+    assert markdown.startswith("Ours next to `pape:table1`.") and "rank (paper)" in markdown
+    assert "imagenet: 3 methods in both; ranking differs (Kendall τ-b = +0.33, p = 1)" in markdown
+    assert "Left out, trained in another configuration than the rest of their task: imagenet/sincos." in markdown
+    assert "Holding fewer seeds than asked for (mean of those held): imagenet/lookhere (1/3)." in markdown
+    with (tmp_path / "paper_comparison_pape_table1.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["method"] for r in rows] == ["rope", "lookhere", "pape"]
+    assert list(rows[0]) == papers.COMPARISON_COLUMNS
+    assert "95% Student-t confidence interval" in (tmp_path / "table.md").read_text()
+
+
+def test_table_options_reach_the_tables(tmp_path, capsys):
+    _grid(tmp_path)
+    assert main(["table", "--out", str(tmp_path), "--no-significance"]) == 0
+    assert "no significance test" in (tmp_path / "table.md").read_text()
+    assert not list(tmp_path.glob("paper_comparison*"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["table", "--out", str(tmp_path), "--ci", "150"])
+    assert exit_info.value.code == 2 and "confidence level in percent, like 95" in capsys.readouterr().err
+    assert main(["table", "--out", str(tmp_path), "--alpha", "5"]) == 2
+    assert "--alpha must lie between 0 and 1" in capsys.readouterr().err
