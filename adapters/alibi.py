@@ -20,6 +20,9 @@ CLS: rows and columns of tokens without a position get zero bias, so the CLS att
 is attended without any distance penalty. The official PaPE code's nD-ALiBi
 (DTU-PAS/parabolic-position-encoding) instead places the CLS at (0, 0), next to patches
 at (1..W, 1..H), inside the bias: the CLS is penalised by its distance to that corner.
+
+FlexAttention form (``score_mod``): the same distance computed per (query, key) pair
+from the (B, N, P) coordinates inside the kernel; memory stays linear in the tokens.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import math
 import torch
 from torch import Tensor
 
-from .base import AttentionInputs, LayerEncoding, PositionEncoding, PositionLayout, Principle
+from .base import AttentionInputs, LayerEncoding, PositionEncoding, PositionLayout, Principle, ScoreMod
 from .registry import register
 
 
@@ -55,18 +58,45 @@ def pair_mask(inputs: AttentionInputs) -> Tensor:
     return (inputs.query.has_pos[:, :, None] & inputs.key.has_pos[:, None, :]).unsqueeze(1)
 
 
+def query_key_coords(inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+    """``positioned_coords`` of the query and the key layout (one tensor for self-attention)."""
+    r_q = positioned_coords(inputs.query)
+    return r_q, r_q if inputs.key is inputs.query else positioned_coords(inputs.key)
+
+
+def pairwise_score_mod(inputs: AttentionInputs, bias_of_offset) -> ScoreMod:
+    """A score_mod adding ``bias_of_offset(h, offsets)`` for pairs of positioned tokens, with
+    ``offsets`` the P scalars r_j - r_i (per axis, so P loads instead of a vector gather)."""
+    r_q, r_k = query_key_coords(inputs)
+    has_q, has_k = inputs.query.has_pos, inputs.key.has_pos
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        offsets = [r_k[b, j, p] - r_q[b, i, p] for p in range(r_q.shape[-1])]
+        bias = torch.where(has_q[b, i] & has_k[b, j], bias_of_offset(h, offsets), 0.0)
+        return score + bias.to(score.dtype)
+
+    return score_mod
+
+
 class ALiBiLayer(LayerEncoding):
     def __init__(self, slopes: Tensor) -> None:
         super().__init__()
         self.register_buffer("slopes", slopes, persistent=False)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
-        r_q = positioned_coords(inputs.query)
-        r_k = r_q if inputs.key is inputs.query else positioned_coords(inputs.key)
+        r_q, r_k = query_key_coords(inputs)
         # Direct differences, not the |a|^2 + |b|^2 - 2ab expansion: exact translation invariance.
         dist = torch.cdist(r_q, r_k, compute_mode="donot_use_mm_for_euclid_dist")  # (B, Nq, Nk)
         bias = -self.slopes[None, :, None, None] * dist.unsqueeze(1)
         return bias * pair_mask(inputs)
+
+    def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod:
+        slopes = self.slopes
+
+        def alibi(h: Tensor, offsets: list[Tensor]) -> Tensor:
+            return -slopes[h] * sum(d.square() for d in offsets).sqrt()
+
+        return pairwise_score_mod(inputs, alibi)
 
 
 @register("alibi")

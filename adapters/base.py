@@ -10,6 +10,11 @@ have a position, which are padding, the grid if any) and its input space with a
 3. ``bias``             - an additive (B, H, Nq, Nk) attention bias per layer
                           (ALiBi, relpos, PaPE's reference form).
 
+A bias encoding may also offer the same bias as a FlexAttention ``score_mod`` (and extra
+masking as a ``mask_mod``): a function of (batch, head, query, key) indices closed over
+small per-token tensors, which FlexAttention evaluates inside its kernel, so the N x N
+bias is never stored. The attention core uses it on CUDA; ``bias`` stays the reference.
+
 Per-layer parameters live in :class:`LayerEncoding` modules built by
 ``PositionEncoding.make_layer``. Encodings that return no bias never build an N x N tensor:
 the attention core then calls the fused SDPA kernel with at most a key-padding mask.
@@ -18,6 +23,7 @@ the attention core then calls the fused SDPA kernel with at most a key-padding m
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import ClassVar
@@ -123,6 +129,12 @@ class EncodingOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: FlexAttention's score_mod: (score, batch, head, q_idx, kv_idx) -> modified score.
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+#: FlexAttention's mask_mod: (batch, head, q_idx, kv_idx) -> True where attention is allowed.
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
 class LayerEncoding(nn.Module):
     """Per-attention-layer part of an encoding. Default: does nothing."""
 
@@ -133,6 +145,19 @@ class LayerEncoding(nn.Module):
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
         """Additive bias (B or 1, H, Nq, Nk) on the *scaled* logits q.k / sqrt(E), as ALiBi and
         relpos define it. Encodings whose bias lives inside S = q.k (PaPE Eq. 9) scale it."""
+        return None
+
+    def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod | None:
+        """``bias`` as a FlexAttention score_mod (optional): ``score + bias[b, h, i, j]``, with
+        the bias computed from per-token tensors inside the function, never stored as N x N.
+        ``q``, ``k`` are the transformed heads. Key padding and causality are the attention
+        core's business, not the score_mod's. None: the encoding has no Flex form."""
+        return None
+
+    def mask_mod(self, inputs: AttentionInputs) -> MaskMod | None:
+        """Positions the encoding forbids (LookHere's fields of view) as a FlexAttention
+        mask_mod, True where attention is allowed (optional; the core adds padding and
+        causality). Only consulted together with ``score_mod``."""
         return None
 
 

@@ -38,6 +38,11 @@ patch tokens alone. Coordinates enter only through their
 order, so a global translation of the positions leaves every logit unchanged; the bias is
 content-dependent (context awareness). Directionality and distance decay are learned, not
 built in, so they are not claimed; the N x N bias rules out the fused kernel.
+
+No FlexAttention form: a score_mod sees one (query, key) pair, but p_ij is a sum of the
+query's gates over every key from j on, so each pair needs a reduction over the whole key
+sequence. Computed as an attention against step values (SaPE²'s trick) the positions are
+p_i(rank) for every rank, again N x N per head; so CoPE keeps the dense-bias path.
 """
 
 from __future__ import annotations

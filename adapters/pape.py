@@ -16,8 +16,22 @@ Two forms, selected by ``form``:
   Positions are first expressed relative to the mean key position: translation
   invariance makes this exact, and it keeps s small, so the cancellation in
   s_i^2 + s_j^2 - 2 s_i s_j loses less precision in bf16.
+
+  16-bit numerics (``low_precision``): s = W_p r and every widened feature are computed
+  in float32 (outside autocast), but SDPA needs q and k in one dtype. Rounding the
+  widened features to bf16 (``"round"``) leaves a relative error of 2^-9 on terms of size
+  |a| s^2 that cancel down to a |Δs|^2: errors of several logits among the nearest keys
+  at 64 x 64 grids. ``"split"`` (default) carries each feature f as two 16-bit numbers
+  f_hi = 16bit(f), f_lo = 16bit(f - f_hi) and widens the head by
+  [f_q_hi, f_q_hi, f_q_lo] . [f_k_hi, f_k_lo, f_k_hi]: the kernel's products of 16-bit
+  numbers are exact and accumulate in float32, so only the lo x lo term (2^-18 relative)
+  is lost and the cancellation happens in float32. It triples the positional channels,
+  and only applies to 16-bit q/k (float32 and float64 are unchanged). Softmax total
+  variation against float64 (``pe-bench bench --pape-precision``): see the README.
 * ``explicit``: the bias of Eq. 9 built as a (B, H, Nq, Nk) tensor: the reference oracle
-  and the memory comparison.
+  and the memory comparison. Its FlexAttention form (``score_mod``, used on CUDA) evaluates
+  Eq. 9 with the direct differences Δr_ij per (query, key) pair inside the kernel, from
+  the (B, H, N, m) tensors s, a and b: the same oracle with memory linear in the tokens.
 
 The ablations of Table 2 are options: ``quadratic``/``linear`` drop a term, ``context``
 False learns a and b per layer and head but shares them across tokens, ``softplus`` False
@@ -47,6 +61,7 @@ from .base import (
     LayerEncoding,
     PositionEncoding,
     Principle,
+    ScoreMod,
     key_centred_coords,
 )
 from .registry import register
@@ -61,6 +76,31 @@ class PaPEOptions(EncodingOptions):
     softplus: bool = True
     project: bool = True
     pad_to: int = Field(8, ge=1)
+    #: widened features with 16-bit q/k: "split" (hi + lo, float32-accurate) or "round".
+    low_precision: Literal["split", "round"] = "split"
+
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def widen_heads(
+    q: Tensor, k: Tensor, q_extra: Tensor, k_extra: Tensor, split: bool, pad_to: int
+) -> tuple[Tensor, Tensor]:
+    """q ⊕ q_extra and k ⊕ k_extra in q's dtype, zero-padded to a multiple of ``pad_to``.
+
+    ``split`` with 16-bit q/k: the (float32) extra features become hi/lo pairs so that
+    <q_ext, k_ext> keeps <q_extra, k_extra> to float32 accuracy (see module doc).
+    """
+    if split and q.dtype in LOW_PRECISION:
+        q_hi, k_hi = q_extra.to(q.dtype), k_extra.to(k.dtype)
+        q_lo = (q_extra - q_hi.to(q_extra.dtype)).to(q.dtype)
+        k_lo = (k_extra - k_hi.to(k_extra.dtype)).to(k.dtype)
+        q_ext = torch.cat([q, q_hi, q_hi, q_lo], dim=-1)
+        k_ext = torch.cat([k, k_hi, k_lo, k_hi], dim=-1)
+    else:
+        q_ext = torch.cat([q, q_extra.to(q.dtype)], dim=-1)
+        k_ext = torch.cat([k, k_extra.to(k.dtype)], dim=-1)
+    return pad_heads(q_ext, k_ext, pad_to)
 
 
 def pad_heads(q_ext: Tensor, k_ext: Tensor, multiple: int) -> tuple[Tensor, Tensor]:
@@ -94,10 +134,12 @@ class ParabolicLayer(LayerEncoding):
         return torch.promote_types(torch.promote_types(inputs.query.coords.dtype, torch.float32), inputs.x_q.dtype)
 
     def project(self, coords: Tensor) -> Tensor:
-        """(B, N, P) -> s = W_p r: (B, H, N, m)."""
+        """(B, N, P) -> s = W_p r: (B, H, N, m), in ``coords``' dtype even under autocast
+        (which would otherwise run the einsum as a bf16 matmul)."""
         if self.w_p is None:
             return coords.unsqueeze(1).expand(-1, self.num_heads, -1, -1)
-        return torch.einsum("bnp,hmp->bhnm", coords, self.w_p.to(coords.dtype))
+        with torch.autocast(coords.device.type, enabled=False):
+            return torch.einsum("bnp,hmp->bhnm", coords, self.w_p.to(coords.dtype))
 
     def coefficients(self, x_q: Tensor) -> tuple[Tensor | None, Tensor | None]:
         """a (Eq. 7) and b (Eq. 8) per query, (B, H, Nq, m) each (None when ablated)."""
@@ -134,10 +176,8 @@ class ParabolicLayer(LayerEncoding):
             return q, k
         s_q, s_k = self._frame(inputs)
         a, b = self._coefficients_for_queries(inputs)
-        zero = torch.zeros_like(s_q[..., :1])
-        offset_q = zero
-        q_parts, k_parts = [q], [k]
-        k_ones = torch.ones_like(s_k[..., :1])
+        # Features in the frame's dtype (at least float32): the cancellation happens there.
+        offset_q = torch.zeros_like(s_q[..., :1])
         linear_q = torch.zeros_like(s_q)
         if a is not None:
             offset_q = offset_q + (a * s_q.square()).sum(-1, keepdim=True)
@@ -145,19 +185,17 @@ class ParabolicLayer(LayerEncoding):
         if b is not None:
             offset_q = offset_q - (b * s_q).sum(-1, keepdim=True)
             linear_q = linear_q + b
-        q_parts.append(offset_q)
-        k_parts.append(k_ones)
+        q_parts, k_parts = [offset_q], [torch.ones_like(s_k[..., :1])]
         if a is not None:
-            q_parts.append(a)
+            q_parts.append(a.to(s_q.dtype))
             k_parts.append(s_k.square())
         q_parts.append(linear_q)
         k_parts.append(s_k)
-        q_ext = torch.cat([p.to(q.dtype) for p in q_parts], dim=-1)
+        q_extra = torch.cat(q_parts, dim=-1)
         # Keys without a position contribute nothing positional: zero their extra features.
-        k_mask = inputs.key.has_pos[:, None, :, None]
-        k_extra = torch.cat(k_parts[1:], dim=-1) * k_mask
-        k_ext = torch.cat([k, k_extra.to(k.dtype)], dim=-1)
-        return pad_heads(q_ext, k_ext, self.options.pad_to)
+        k_extra = torch.cat(k_parts, dim=-1) * inputs.key.has_pos[:, None, :, None]
+        split = self.options.low_precision == "split"
+        return widen_heads(q, k, q_extra, k_extra, split, self.options.pad_to)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
         if self.options.form != "explicit":
@@ -172,6 +210,25 @@ class ParabolicLayer(LayerEncoding):
             out = out + (b.unsqueeze(3) * delta).sum(-1)
         # Eq. 9's bias sits inside S, which Eq. 1 scales by 1/sqrt(h) with q.k.
         return out * inputs.key.has_pos[:, None, None, :] / math.sqrt(q.shape[-1])
+
+    def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod | None:
+        if self.options.form != "explicit":
+            return None  # the efficient form has no bias: it runs on SDPA's fused kernels
+        s_q, s_k = self._frame(inputs)
+        a, b = self._coefficients_for_queries(inputs)
+        has_k, scale, zero = inputs.key.has_pos, 1.0 / math.sqrt(q.shape[-1]), s_q.new_zeros(())
+
+        def parabola(score: Tensor, n: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            # The m terms of Eq. 9 unrolled: each reads three scalars, nothing is N x N.
+            delta = [s_k[n, h, j, c] - s_q[n, h, i, c] for c in range(self.m)]
+            total = zero
+            if a is not None:
+                total = total + sum(a[n, h, i, c] * d.square() for c, d in enumerate(delta))
+            if b is not None:
+                total = total + sum(b[n, h, i, c] * d for c, d in enumerate(delta))
+            return score + torch.where(has_k[n, j], total * scale, 0.0).to(score.dtype)
+
+        return parabola
 
 
 @register("pape")

@@ -23,6 +23,9 @@ Two forms, selected by ``form``:
   ``pad_to``. As in pe-bench's PaPE, positions are first expressed relative to the mean
   key position, which is exact (translation invariance) and keeps |s|^2 small for
   low-precision arithmetic; the official code uses the raw positions.
+  With 16-bit q/k the same cancellation α_i(|s_i|^2 + |s_j|^2 - 2 s_i·s_j) would happen in
+  bf16; ``low_precision`` "split" (default) carries the extra features as hi + lo 16-bit
+  pairs so that it happens in the kernel's float32 accumulator, as pape.py's ``widen_heads``.
 * ``explicit``: α_i w_p^2 ||r_j - r_i||^2 built directly as a (B, H, Nq, Nk) bias from the
   pairwise distances (independently of the factorisation above): the test oracle.
 
@@ -58,7 +61,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle, key_centred_coords
-from .pape import pad_heads
+from .pape import widen_heads
 from .registry import register
 
 
@@ -67,6 +70,8 @@ class PaPERIOptions(EncodingOptions):
     pad_to: int = Field(8, ge=1)
     #: official: frozen w_p ~ U(±1/sqrt(P)) (the authors' code); geometric: learnable 2^(-4h/H).
     wp_init: Literal["official", "geometric"] = "official"
+    #: widened features with 16-bit q/k: "split" (hi + lo, float32-accurate) or "round" (pape.py).
+    low_precision: Literal["split", "round"] = "split"
 
 
 class ParabolicRILayer(LayerEncoding):
@@ -111,9 +116,8 @@ class ParabolicRILayer(LayerEncoding):
         k_extra = torch.cat([torch.ones_like(s_k[..., :1]), s_k.square().sum(-1, keepdim=True), s_k], dim=-1)
         # Keys without a position (CLS) contribute nothing positional.
         k_extra = k_extra * inputs.key.has_pos[:, None, :, None]
-        q_ext = torch.cat([q, q_extra.to(q.dtype)], dim=-1)
-        k_ext = torch.cat([k, k_extra.to(k.dtype)], dim=-1)
-        return pad_heads(q_ext, k_ext, self.options.pad_to)
+        split = self.options.low_precision == "split"
+        return widen_heads(q, k, q_extra, k_extra, split, self.options.pad_to)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
         if self.options.form != "explicit":

@@ -20,6 +20,9 @@ extent n_p - 1 per axis (every offset seen in training has its own cell, as Swin
 or 16 per axis for irregular positions. Table init: truncated normal, std 0.02 (Swin's).
 CLS: rows and columns of tokens without a position get zero bias. Shaw et al. and CAPE's
 relpos baseline (speech, translation) have no CLS to compare with.
+
+FlexAttention form (``score_mod``): the cell index of each (query, key) pair is computed
+inside the kernel from the coordinates and looks up T_h there; memory stays linear.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .alibi import pair_mask, positioned_coords
-from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle
+from .alibi import pair_mask, pairwise_score_mod, query_key_coords
+from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle, ScoreMod
 from .registry import register
 
 IRREGULAR_WINDOW = 16
@@ -41,20 +44,21 @@ class RelPosOptions(EncodingOptions):
 class RelPosLayer(LayerEncoding):
     def __init__(self, num_heads: int, window: tuple[int, ...]) -> None:
         super().__init__()
+        self.window_cells = tuple(window)
         self.register_buffer("window", torch.tensor(window), persistent=False)
         sizes = [2 * w + 1 for w in window]
         # Row-major strides of the (2w_1+1) x ... x (2w_P+1) table.
         strides = [1] * len(sizes)
         for p in range(len(sizes) - 2, -1, -1):
             strides[p] = strides[p + 1] * sizes[p + 1]
+        self.stride_cells = tuple(strides)
         self.register_buffer("strides", torch.tensor(strides), persistent=False)
         cells = strides[0] * sizes[0]
         self.table = nn.Parameter(nn.init.trunc_normal_(torch.empty(num_heads, cells), std=0.02))
 
     def cell_index(self, inputs: AttentionInputs) -> Tensor:
         """(B, Nq, Nk) table cell of every clipped, rounded offset r_j - r_i."""
-        r_q = positioned_coords(inputs.query)
-        r_k = r_q if inputs.key is inputs.query else positioned_coords(inputs.key)
+        r_q, r_k = query_key_coords(inputs)
         offset = torch.round(r_k.unsqueeze(1) - r_q.unsqueeze(2)).long()  # (B, Nq, Nk, P)
         offset = torch.maximum(torch.minimum(offset, self.window), -self.window) + self.window
         return (offset * self.strides).sum(-1)
@@ -63,6 +67,16 @@ class RelPosLayer(LayerEncoding):
         index = self.cell_index(inputs)
         bias = self.table[:, index].movedim(0, 1)  # (B, H, Nq, Nk)
         return bias * pair_mask(inputs)
+
+    def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod:
+        table, windows, strides = self.table, self.window_cells, self.stride_cells
+
+        def relpos(h: Tensor, offsets: list[Tensor]) -> Tensor:
+            cells = zip(offsets, windows, strides, strict=True)
+            cell = sum((torch.round(d).clamp(-w, w) + w) * stride for d, w, stride in cells)
+            return table[h, cell.long()]
+
+        return pairwise_score_mod(inputs, relpos)
 
 
 @register("relpos")

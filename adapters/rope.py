@@ -15,6 +15,13 @@ set in cross-attention) moves the centroid and changes the CLS's logits, though 
 logits between patches. Heo et al.'s code (rope-vit) leaves the CLS unrotated with patch
 positions from 0, i.e. at the top-left patch's position; the official PaPE code rotates
 every token with the CLS at (0, 0) and patches at (1..W, 1..H).
+
+Cost: every layer recomputes the same angles and cos/sin tables from the same layout.
+Compiled (``trainer.compile``, on by default on CUDA), AOTAutograd's common-subexpression
+elimination merges them into one computation per forward (tests/harness/test_compile.py
+checks this), and inductor fuses the rotation of q and of k into the kernels around
+them; eager runs pay the per-layer recomputation. RoPE-Mixed and STRING learn their
+frequencies per layer, so only the key-centred coordinates are shared there (also by CSE).
 """
 
 from __future__ import annotations

@@ -41,6 +41,14 @@ positions only through equal rows/columns and column/row offsets from the grid's
 so it is invariant to global translations; it is content-dependent (context awareness).
 It is symmetric in (i, n) and vanishes for constant content, so neither directionality
 nor distance decay is guaranteed or claimed; the N x N bias rules out the fused kernel.
+
+FlexAttention form (``score_mod``, used on CUDA): nothing N x N is stored. The counts
+p_i(c) of Eq. 10 are themselves an attention: sum_j g_ij v_j with g_ij = sigmoid(q_i . k_j
+/ sqrt(d)) on the query's row and step values v_j(c) = [x_j >= c]. FlexAttention with the
+score exp(log sigmoid) on the row (and -inf elsewhere) returns that sum divided by sum_j
+g_ij, and its log-sum-exp is log sum_j g_ij, so p = output * exp(lse), in float32. The SaPE
+vectors (B, H, N, W + H) then enter the score_mod, which forms Eq. 15's two distances per
+(query, key) pair in the kernel (W + H terms each).
 """
 
 from __future__ import annotations
@@ -49,9 +57,11 @@ import math
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
+from ._flex import run_flex
 from .abspos import AbsPosOptions, LearnableAbsolute
 from .base import (
     AttentionInputs,
@@ -61,6 +71,7 @@ from .base import (
     PositionEncoding,
     PositionLayout,
     Principle,
+    ScoreMod,
 )
 from .cope import causal_keep, interpolated_logits
 from .registry import register
@@ -131,6 +142,41 @@ class SaPE2Layer(LayerEncoding):
         positions = per_cell.flip(-1).cumsum(-1).flip(-1)  # p_i(c) = sum over x_j >= c
         return interpolated_logits(probe, table, positions)
 
+    def flex_axis_vectors(
+        self, q: Tensor, k: Tensor, inputs: AttentionInputs, line: Tensor, along: Tensor, length: int, table: Tensor
+    ) -> Tensor:
+        """``axis_vectors`` without N x N tensors (see module doc): (B, H, N, length).
+
+        line: (B, N) each token's row (for x); along: (B, N) its index c along the axis.
+        """
+        counted, causal = inputs.query.positioned, inputs.causal
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        # v_j(c) = [c_j >= c], widened to a power of two >= 16 (what the CUDA kernels take);
+        # c_j < length (cell_indices clamps), so the extra columns are zero.
+        width = max(16, 1 << (length - 1).bit_length())
+        steps = along.unsqueeze(-1) >= torch.arange(width, device=along.device)
+        values = steps.to(dtype).unsqueeze(1).expand(-1, q.shape[1], -1, -1)
+
+        def on_line(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            keep = counted[b, j] & (line[b, j] == line[b, i])
+            if causal:
+                keep = keep & (j <= i)
+            return torch.where(keep, F.logsigmoid(score), float("-inf"))
+
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        mean, lse = run_flex(q.to(dtype), k.to(dtype), values, on_line, scale=scale, return_lse=True)
+        # A query with nothing on its line: 0 * exp(-inf) = 0.
+        positions = mean[..., :length] * lse.exp().unsqueeze(-1)
+        return interpolated_logits(k if self.mode == "k" else q, table, positions)
+
+    def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod:
+        self._check_self_attention(inputs)
+        cells, (height, width) = cell_indices(inputs.query)
+        rows, cols = cells[..., 0], cells[..., 1]
+        vec_x = self.flex_axis_vectors(q, k, inputs, rows, cols, width, self.emb_x)
+        vec_y = self.flex_axis_vectors(q, k, inputs, cols, rows, height, self.emb_y)
+        return vector_distance_score_mod([vec_x, vec_y], inputs.query.has_pos, 1.0 / math.sqrt(q.shape[-1]))
+
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
         self._check_self_attention(inputs)
         layout = inputs.query
@@ -155,6 +201,28 @@ class SaPE2Layer(LayerEncoding):
         dist_y = torch.cdist(vec_y * has_pos, vec_y * has_pos, compute_mode="donot_use_mm_for_euclid_dist")
         pair = layout.has_pos[:, None, :, None] & layout.has_pos[:, None, None, :]
         return (dist_x + dist_y) * pair.to(dist_x.dtype) / math.sqrt(q.shape[-1])
+
+
+def _safe_sqrt(x: Tensor) -> Tensor:
+    """sqrt with gradient 0 instead of NaN at 0 (a token's distance to itself), as cdist's."""
+    positive = x > 0
+    return torch.where(positive, torch.where(positive, x, 1.0).sqrt(), 0.0)
+
+
+def vector_distance_score_mod(vectors: list[Tensor], has_pos: Tensor, scale: float) -> ScoreMod:
+    """score + scale * sum over ``vectors`` of ||v[i] - v[j]||_2 for two positioned tokens.
+
+    vectors: (B, H, N, L_v) each; the L_v squared differences are unrolled in the kernel.
+    """
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        total = 0.0
+        for vec in vectors:
+            squared = sum((vec[b, h, i, c] - vec[b, h, j, c]).square() for c in range(vec.shape[-1]))
+            total = total + _safe_sqrt(squared)
+        return score + torch.where(has_pos[b, i] & has_pos[b, j], total * scale, 0.0).to(score.dtype)
+
+    return score_mod
 
 
 @register("sape2")

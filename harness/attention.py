@@ -4,17 +4,95 @@ Positions enter through the layer's :class:`~pe_bench.adapters.base.LayerEncodin
 q/k transforms run before SDPA, a bias (if any) is added to the logits. The logit scale
 is always 1/sqrt(head_dim) of the *unwidened* head, so an encoding that widens q/k
 (PaPE's efficient form) reproduces its bias form exactly.
+
+Kernels: encodings without a bias run SDPA's fused kernels. A bias encoding that offers a
+FlexAttention ``score_mod`` runs on FlexAttention where that pays (CUDA, compiled), so
+the N x N bias is never stored; elsewhere the SDPA + dense-bias path runs, and it stays
+the reference that tests compare Flex against (``attention_kernel("flex")`` forces Flex,
+on CPU too, where eager FlexAttention runs forward only). Attention dropout has no Flex
+form, so training with ``dropout > 0`` keeps the dense path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pe_bench.adapters.base import AttentionInputs, LayerEncoding, PositionLayout
+from pe_bench.adapters._flex import make_block_mask, run_flex
+from pe_bench.adapters.base import AttentionInputs, LayerEncoding, MaskMod, PositionLayout, ScoreMod
+
+KernelPolicy = Literal["auto", "flex", "dense"]
+_KERNEL_POLICIES = ("auto", "flex", "dense")
+_kernel_policy: KernelPolicy = "auto"
+
+
+@contextlib.contextmanager
+def attention_kernel(policy: KernelPolicy) -> Iterator[None]:
+    """Choose the bias encodings' kernel inside the block: "auto" (Flex on CUDA), "flex"
+    (Flex wherever the encoding offers a score_mod) or "dense" (SDPA with the N x N bias)."""
+    global _kernel_policy
+    if policy not in _KERNEL_POLICIES:
+        raise ValueError(f"attention_kernel: policy must be one of {_KERNEL_POLICIES}, got {policy!r}")
+    previous, _kernel_policy = _kernel_policy, policy
+    try:
+        yield
+    finally:
+        _kernel_policy = previous
+
+
+def wants_flex(device: torch.device) -> bool:
+    """Whether bias encodings should take the Flex path for tensors on ``device``."""
+    if _kernel_policy == "auto":
+        return device.type == "cuda"
+    return _kernel_policy == "flex"
+
+
+def flex_attention_with_masks(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    score_mod: ScoreMod,
+    key: PositionLayout,
+    causal: bool,
+    scale: float,
+    mask_mod: MaskMod | None = None,
+) -> Tensor:
+    """FlexAttention with the encoding's score_mod, key padding, causality and the
+    encoding's own mask_mod: what ``attention_mask`` + SDPA compute, without N x N tensors.
+
+    Key padding goes into the score_mod (-inf), so the common padded, non-causal case needs
+    no block mask at all; causality (aligned as ``attention_mask``: key j <= query i +
+    Nk - Nq) and the encoding's mask go into a block mask, which also skips whole blocks.
+    """
+    valid = key.valid
+    if valid is None:
+        scores = score_mod
+    else:
+
+        def scores(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            return torch.where(valid[b, j], score_mod(score, b, h, i, j), float("-inf"))
+
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    masks = []
+    if causal:
+        offset = n_k - n_q
+        masks.append(lambda b, h, i, j: j <= i + offset)
+    if mask_mod is not None:
+        masks.append(mask_mod)
+    block_mask = None
+    if masks:
+        from torch.nn.attention.flex_attention import and_masks
+
+        combined = masks[0] if len(masks) == 1 else and_masks(*masks)
+        batch = None if mask_mod is None else q.shape[0]  # causality alone is the same for every sample
+        block_mask = make_block_mask(combined, batch, n_q, n_k, q.device)
+    return run_flex(q, k, v, scores, block_mask, scale)
 
 
 def attention_mask(
@@ -82,8 +160,8 @@ class Attention(nn.Module):
 
     def _project(
         self, x: Tensor, query: PositionLayout, context: Tensor | None, key: PositionLayout | None, causal: bool
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, PositionLayout]:
-        """q, k (position-transformed), v, bias and the key layout."""
+    ) -> tuple[Tensor, Tensor, Tensor, AttentionInputs]:
+        """q, k (position-transformed), v and the encoding's inputs."""
         if self.cross:
             if context is None or key is None:
                 raise ValueError("cross-attention needs context tokens and their key layout")
@@ -92,12 +170,19 @@ class Attention(nn.Module):
         else:
             context, key = x, query
             q, k, v = (self._heads(t) for t in self.qkv(x).chunk(3, dim=-1))
-        bias = None
+        inputs = AttentionInputs(x_q=x, x_k=context, query=query, key=key, causal=causal)
         if self.encoding is not None:
-            inputs = AttentionInputs(x_q=x, x_k=context, query=query, key=key, causal=causal)
             q, k = self.encoding.transform_qk(q, k, inputs)
-            bias = self.encoding.bias(q, k, inputs)
-        return q, k, v, bias, key
+        return q, k, v, inputs
+
+    def _bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
+        return None if self.encoding is None else self.encoding.bias(q, k, inputs)
+
+    def _flex_score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod | None:
+        """The encoding's score_mod when the Flex path should run, else None."""
+        if self.encoding is None or not wants_flex(q.device) or (self.training and self.dropout > 0):
+            return None
+        return self.encoding.score_mod(q, k, inputs)
 
     def forward(
         self,
@@ -107,12 +192,20 @@ class Attention(nn.Module):
         key: PositionLayout | None = None,
         causal: bool = False,
     ) -> Tensor:
-        q, k, v, bias, key = self._project(x, query, context, key, causal)
-        mask, is_causal = attention_mask(bias, key, causal, q.shape[-2], q.dtype)
-        if v.shape[-1] != q.shape[-1]:
-            # Widened q/k (PaPE): the fused CPU and flash kernels need equal q/k/v widths and
-            # otherwise fall back to the math kernel, which materialises N x N. Zero columns
-            # in v keep the fused path; they are sliced off the output again.
+        q, k, v, inputs = self._project(x, query, context, key, causal)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        score_mod = self._flex_score_mod(q, k, inputs)
+        if score_mod is not None:
+            mask_mod = self.encoding.mask_mod(inputs)
+            out = flex_attention_with_masks(q, k, v, score_mod, inputs.key, causal, scale, mask_mod)
+            return self._merge_heads(out)
+        bias = self._bias(q, k, inputs)
+        mask, is_causal = attention_mask(bias, inputs.key, causal, q.shape[-2], q.dtype)
+        if v.shape[-1] != q.shape[-1] and q.device.type != "cuda":
+            # Widened q/k (PaPE): the fused CPU kernels need equal q/k/v widths and otherwise
+            # fall back to the math kernel, which materialises N x N. Zero columns in v keep
+            # the fused path; they are sliced off the output again. CUDA's cuDNN and
+            # memory-efficient kernels take a narrower v, which saves the padded PV product.
             v = F.pad(v, (0, q.shape[-1] - v.shape[-1]))
         out = F.scaled_dot_product_attention(
             q,
@@ -121,8 +214,11 @@ class Attention(nn.Module):
             attn_mask=mask,
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=is_causal,
-            scale=1.0 / math.sqrt(self.head_dim),
+            scale=scale,
         )[..., : self.head_dim]
+        return self._merge_heads(out)
+
+    def _merge_heads(self, out: Tensor) -> Tensor:
         b, _, n, _ = out.shape
         return self.proj(out.transpose(1, 2).reshape(b, n, -1))
 
@@ -138,9 +234,9 @@ class Attention(nn.Module):
 
         This builds the N x N matrix explicitly; training never calls it.
         """
-        q, k, _, bias, key = self._project(x, query, context, key, causal)
+        q, k, _, inputs = self._project(x, query, context, key, causal)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
-        mask, is_causal = attention_mask(bias, key, causal, q.shape[-2], scores.dtype)
+        mask, is_causal = attention_mask(self._bias(q, k, inputs), inputs.key, causal, q.shape[-2], scores.dtype)
         if is_causal:
             n_q, n_k = scores.shape[-2:]
             mask = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril(n_k - n_q)

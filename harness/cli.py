@@ -6,6 +6,7 @@ pe-bench run --tasks all --methods pape,rope,cape [--profile tiny|paper] [--seed
 pe-bench table [--out DIR] [--ci 95] [--no-significance] [--paper pape:table1]
 pe-bench list tasks|methods
 pe-bench bench [--model tiny|vit-s|vit-b] [--methods ...] [--threads N] [--sweep 256,1024,4096]
+               [--compile] [--throughput] [--pape-precision]
 pe-bench principles [--methods ...]
 pe-bench check NAME
 pe-bench check-data --tasks T --data-root DIR [--profile paper] [--workers N]
@@ -17,6 +18,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -160,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--sweep-methods", default="nopos,rope,pape,pape[form=explicit]")
     bench.add_argument("--out", type=Path, default=None, help="also write bench.md/bench.csv here")
     bench.add_argument("--task", default=None, help="only the task's own benchmark (e.g. tokenizer throughput)")
+    bench.add_argument("--compile", action="store_true", help="torch.compile every model")
+    bench.add_argument(
+        "--throughput", action=argparse.BooleanOptionalAction, default=None, help="img/s table (default: on CUDA)"
+    )
+    bench.add_argument("--throughput-batch", type=_ints, default=[1, 128], help="batches of the img/s table")
+    bench.add_argument("--pape-precision", action="store_true", help="only PaPE's bf16 softmax error vs float64")
 
     extrapolate = sub.add_parser("extrapolate", help="evaluate stored checkpoints at other resolutions")
     extrapolate.add_argument("--task", default="imagenet")
@@ -410,6 +418,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         figures = get_task(args.task).benchmark(args.device)
         print(figures or f"task {args.task!r} has no benchmark of its own")
         return 0
+    if args.pape_precision:
+        from pe_bench.harness.reports.bench import pape_precision_table
+
+        precision = pape_precision_table()
+        print("## PaPE softmax total variation against float64 (bf16 autocast, CPU)", precision.to_markdown(), sep="\n")
+        return 0
     methods = TABLE4_METHODS if args.methods is None else tuple(m.strip() for m in _split_methods(args.methods))
     batches = tuple(args.batch)
     if args.threads is not None and args.threads < 1:
@@ -417,6 +431,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     spec = BenchSpec(
         args.model, methods, batches, args.train_batch, args.repeats, args.image_size, args.device, args.threads
     )
+    spec.compile = args.compile
     threads = args.threads or _torch_threads()
     lines = [f"# pe-bench bench: {args.model}, {args.repeats} repeats, torch threads: {threads}", header(), ""]
     forward = forward_table(spec)
@@ -427,6 +442,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "",
     ]
     print("\n".join(lines), flush=True)
+    if args.throughput if args.throughput is not None else args.device.startswith("cuda"):
+        lines += _throughput_block(args, spec)
     sweep = None
     if args.sweep:
         sweep_methods = [m.strip() for m in _split_methods(args.sweep_methods)]
@@ -444,6 +461,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if sweep is not None:
             sweep.to_csv(args.out / "bench_sweep.csv")
     return 0
+
+
+def _throughput_block(args: argparse.Namespace, spec) -> list[str]:
+    from pe_bench.harness.reports.bench import THROUGHPUT_METHODS, throughput_table
+
+    methods = THROUGHPUT_METHODS if args.methods is None else spec.methods
+    table = throughput_table(replace(spec, methods=methods, batches=tuple(args.throughput_batch)))
+    title = "## img/s; nopos / this (_vs_nopos) and that over the FLOP-model bound (_vs_bound)"
+    block = [title, table.to_markdown(), ""]
+    print("\n".join(block), flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out / "bench_throughput.csv")
+    return block
 
 
 def _split_methods(text: str) -> list[str]:

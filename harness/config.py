@@ -113,6 +113,8 @@ class TrainerConfig(Strict):
     # written: "csv" alone is the default and adds nothing. tensorboard, wandb and mlflow need
     # the ``tracking`` extra (pip install 'pe-bench[tracking]').
     logger: list[Literal["csv", "tensorboard", "wandb", "mlflow"]] = ["csv"]
+    # torch.compile the model (harness/compile.py); "auto": on for CUDA, off on CPU.
+    compile: bool | Literal["auto"] = "auto"
 
     @field_validator("precision", mode="before")
     @classmethod

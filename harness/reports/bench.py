@@ -16,6 +16,7 @@ allocator statistics), so it includes weights and inputs; on CUDA it is
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import resource
@@ -62,6 +63,7 @@ class BenchSpec:
     image_size: int | None = None
     device: str = "cpu"
     threads: int | None = None  # torch threads while timing (None: torch's current setting)
+    compile: bool = False  # torch.compile every model (pe-bench bench --compile)
 
 
 def _positional_parameters(model: torch.nn.Module) -> int:
@@ -76,6 +78,8 @@ def _build_vit(method: str, spec: BenchSpec) -> tuple[torch.nn.Module, int]:
     parsed = parse_method(method)
     make_encoding = EncodingFactory(parsed.name, dict(parsed.options))
     model = ViT(make_encoding, image_geometry((size, size), config.patch_size), config, 3, 1000)
+    if spec.compile:
+        model.compile()
     return model.eval().to(spec.device), size
 
 
@@ -316,3 +320,289 @@ def header() -> str:
         f"device: {device_description()} | torch {torch.__version__} | lightning {lightning.__version__} "
         f"| python {sys.version.split()[0]}"
     )
+
+
+# --- PaPE's widened q/k in 16-bit: softmax accuracy against float64 ---------------------
+
+#: (column label, encoding options, autocast dtype or None) of ``pape_precision_table``.
+PRECISION_VARIANTS = (
+    ("float32", {}, None),
+    ("bf16 round", {"low_precision": "round"}, torch.bfloat16),
+    ("bf16 split", {"low_precision": "split"}, torch.bfloat16),
+)
+
+
+def _attention_probabilities(layer: Attention, x: torch.Tensor, layout: PositionLayout, rows: torch.Tensor, autocast):
+    """Softmax of the widened-q/k logits of the query ``rows``, as an attention kernel forms
+    them: products of the (possibly 16-bit) features exact, sums wide (here float64)."""
+    with torch.no_grad(), torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        q, k, _, _ = layer._project(x, layout, None, None, False)
+    logits = q[:, :, rows].double() @ k.double().transpose(-1, -2) / math.sqrt(layer.head_dim)
+    return logits.softmax(-1)
+
+
+def pape_precision_table(
+    sides: tuple[int, ...] = (14, 32, 64, 128),
+    methods: tuple[str, ...] = ("pape", "pape-ri"),
+    dim: int = 256,
+    heads: int = 4,
+    queries: int = 256,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Softmax total variation (mean and max over heads and sampled query rows) of PaPE's
+    efficient form on side x side grids (plus a CLS token), against the same weights in
+    float64, for each of ``PRECISION_VARIANTS``: float32, and bf16 autocast with the widened
+    features rounded to bf16 (the old formulation) or split into hi + lo pairs (pape.py).
+
+    Weights are the encodings' initialisation with head width 64 (ViT-B's), inputs standard
+    normal. What remains in "bf16 split" is mostly the bf16 rounding of the content q . k,
+    which every encoding has in bf16.
+    """
+    from pe_bench.harness.grid.methods import parse_method
+
+    rows = []
+    for method in methods:
+        parsed = parse_method(method)
+        for side in sides:
+            torch.manual_seed(seed)
+            geometry = Geometry(pos_dim=2, grid_shape=(side, side), num_prefix_tokens=1)
+            layout = PositionLayout.grid(1, (side, side), 1)
+            x = torch.randn(1, side * side + 1, dim)
+            query_rows = torch.randperm(side * side + 1)[:queries]
+            layers = {}
+            for label, options, _ in PRECISION_VARIANTS:
+                encoding = build_encoding(parsed.name, geometry, dim, heads, 1, {**dict(parsed.options), **options})
+                layers[label] = Attention(dim, heads, encoding.make_layer(0)).eval()
+                if len(layers) > 1:
+                    layers[label].load_state_dict(next(iter(layers.values())).state_dict())
+            reference_layer = copy.deepcopy(layers["float32"]).double()
+            layout64 = layout.with_coords(layout.coords.double())
+            reference = _attention_probabilities(reference_layer, x.double(), layout64, query_rows, None)
+            row: dict[str, object] = {"method": method, "grid": f"{side}x{side}"}
+            for label, _, autocast in PRECISION_VARIANTS:
+                probabilities = _attention_probabilities(layers[label], x, layout, query_rows, autocast)
+                tv = 0.5 * (probabilities - reference).abs().sum(-1)
+                row[f"{label} mean"], row[f"{label} max"] = float(tv.mean()), float(tv.max())
+            rows.append(row)
+    return pd.DataFrame(rows).set_index(["method", "grid"])
+
+
+# --- Throughput (img/s) per encoding, against nopos and against a FLOP-model bound ------
+
+#: the encodings of the GPU table (issue 16), nopos first.
+THROUGHPUT_METHODS = (
+    "nopos", "sincos", "abspos", "cape", "rope", "rope-mixed", "string-cayley", "string-circulant",
+    "alibi", "relpos", "lookhere", "cope", "sape2", "pape", "pape[m=8]", "pape-ri", "pape[form=explicit]",
+)  # fmt: skip
+
+
+def vit_forward_flops(config: ModelConfig, tokens: int, patch_dim: int, num_classes: int = 1000) -> float:
+    """Forward FLOPs (multiply-add = 2) of one image through a ViT without position encoding:
+    per layer the qkv/proj/MLP matmuls, N D^2 (8 + 4 mlp_ratio), and the attention's two
+    N x N products, 4 N^2 D; plus the patch embedding and the head."""
+    n, d = tokens, config.dim
+    per_layer = n * d * d * (8 + 4 * config.mlp_ratio) + 4 * n * n * d
+    return config.depth * per_layer + 2 * (n - 1) * patch_dim * d + 2 * d * num_classes
+
+
+def _widened_channels(extra: int, pad_to: int, split: bool) -> int:
+    """Extra q/k channels of PaPE's efficient forms after the hi/lo split and padding."""
+    width = 3 * extra if split else extra
+    return width + (-width % pad_to)
+
+
+def encoding_flops(method: str, config: ModelConfig, tokens: int, pos_dim: int = 2, bf16: bool = True) -> float | None:
+    """Forward FLOPs per image that ``method`` adds to a ViT (``vit_forward_flops``), by the
+    encoding's action point; None for an encoding the model does not know.
+
+    * embed (sincos, abspos, cape): one add per token channel, N D (plus CAPE/sincos
+      features, a few per channel): 4 N D.
+    * rotation of q and k (rope, rope-mixed, STRING) per layer: 3 per q/k channel (pairs:
+      4 multiplies, 2 adds) on 2 N D channels, plus angles and cos/sin, ~ 2 N D: 8 N D.
+      Cayley-STRING adds the basis change P z on q and k: 4 N D E. Circulant-STRING
+      replaces the rotation by an rfft/irfft pair per block, 2 x 5 E log2(b) per token-head
+      on q and k, plus the complex product: 2 N H (10 E log2 b + 3 E).
+    * bias per layer, per head and (query, key) pair: ALiBi 3P + 3 (differences, squares,
+      sqrt, slope), relpos 4P + 2 (round, clip, index), LookHere 3P + 8 (distance and the
+      field-of-view test), PaPE explicit 5m + 2 (Eq. 9 with direct differences) plus its
+      W_a/W_b/W_p projections. CoPE: the gate products again (2 E), sigmoid, suffix sums
+      and interpolation, 2 E + 12; SaPE²: gates 2 E + 4, and Eq. 15's two distances over
+      the W + H vector entries, 3 (W + H).
+    * widened q/k (pape, pape-ri, efficient): q.k over the extra channels, 2 N^2 H w (v
+      stays unpadded on CUDA), with w after the bf16 hi/lo split (3x, ``bf16``) and padding;
+      plus the coefficient projections (PaPE: W_a, W_b: 4 N D H m; W_p: 2 N H m P; the
+      features ~ 8 N H m; PaPE-RI: w_α, 2 N D H).
+
+    Training costs about three forwards for every term alike, so the training bound is the
+    same ratio. The bound ignores memory traffic, which is what elementwise work costs.
+    """
+    from pe_bench.harness.grid.methods import parse_method
+
+    parsed = parse_method(method)
+    options = dict(parsed.options)
+    n, d, h, layers = tokens, config.dim, config.num_heads, config.depth
+    e, p = d // h, pos_dim
+    pairs = layers * h * n * n
+    side = math.isqrt(max(n - 1, 1))
+    if parsed.name == "nopos":
+        return 0.0
+    if parsed.name in ("sincos", "abspos", "cape", "wepe"):
+        return 4.0 * n * d
+    if parsed.name in ("rope", "rope-mixed"):
+        return layers * 8.0 * n * d
+    if parsed.name == "string-cayley":
+        return layers * (8.0 * n * d + 4.0 * n * d * e)
+    if parsed.name == "string-circulant":
+        block = min(int(options.get("block_size", 16)), e)
+        return layers * 2.0 * n * h * (10 * e * math.log2(block) + 3 * e)
+    if parsed.name == "alibi":
+        return pairs * (3.0 * p + 3)
+    if parsed.name == "relpos":
+        return pairs * (4.0 * p + 2)
+    if parsed.name == "lookhere":
+        return pairs * (3.0 * p + 8)
+    if parsed.name == "cope":
+        return pairs * (2.0 * e + 12)
+    if parsed.name == "sape2":
+        return pairs * (2.0 * e + 4 + 3 * 2 * side)
+    if parsed.name == "pape":
+        m = int(options.get("m", 50)) if options.get("project", True) else p
+        projections = layers * (4.0 * n * d * h * m + 2.0 * n * h * m * p + 8.0 * n * h * m)
+        if options.get("form", "efficient") == "explicit":
+            return projections + pairs * (5.0 * m + 2)
+        split = bf16 and options.get("low_precision", "split") == "split"
+        widened = _widened_channels(1 + 2 * m, int(options.get("pad_to", 8)), split)
+        return projections + layers * 2.0 * n * n * h * widened
+    if parsed.name == "pape-ri":
+        projections = layers * 2.0 * n * d * h
+        if options.get("form", "efficient") == "explicit":
+            return projections + pairs * (3.0 * p + 4)
+        split = bf16 and options.get("low_precision", "split") == "split"
+        widened = _widened_channels(p + 2, int(options.get("pad_to", 8)), split)
+        return projections + layers * 2.0 * n * n * h * widened
+    return None
+
+
+def flop_bound(method: str, config: ModelConfig, image_size: int, bf16: bool = True) -> float | None:
+    """The FLOP model's time ratio of ``method`` to nopos on a ViT: the best it can do."""
+    side = image_size // config.patch_size
+    tokens = side * side + 1
+    base = vit_forward_flops(config, tokens, 3 * config.patch_size**2)
+    extra = encoding_flops(method, config, tokens, 2, bf16)
+    return None if extra is None else (base + extra) / base
+
+
+def attention_kernels(model: torch.nn.Module, images: torch.Tensor, device: str) -> str:
+    """The attention kernels the model runs: FLEX (FlexAttention) and/or SDPA's choices."""
+    from pe_bench.harness import attention as attention_module
+
+    real = attention_module.flex_attention_with_masks
+    used_flex = []
+
+    def spy(*args, **kwargs):
+        used_flex.append(True)
+        return real(*args, **kwargs)
+
+    attention_module.flex_attention_with_masks = spy
+    try:
+        sdpa = sdpa_backend(model, images, device)
+    finally:
+        attention_module.flex_attention_with_masks = real
+    if not used_flex:
+        return sdpa
+    return "FLEX" if sdpa.startswith("none") else f"FLEX+{sdpa}"
+
+
+def _failure(error: BaseException) -> str:
+    """How a failed measurement appears in the table (out of memory, kernel errors, ...)."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return "OOM"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    return f"error: {' '.join(lines[:2])[:80]}"  # pydantic names the bad key on line 2
+
+
+def _images_per_second(job, batch: int, spec: BenchSpec) -> float:
+    """Median img/s over ``spec.repeats`` calls after two warm-up calls (compilation,
+    allocator, autotuning); ``torch.utils.benchmark`` synchronises CUDA, as forward_table."""
+    job()
+    job()
+    timer = benchmark.Timer("job()", globals={"job": job}, num_threads=spec.threads or torch.get_num_threads())
+    samples = [timer.timeit(number=1) for _ in range(spec.repeats)]
+    return round(batch / benchmark.Measurement.merge(samples)[0].median, 1)
+
+
+def _measure_method(method: str, spec: BenchSpec) -> dict[str, object]:
+    """img/s of training and inference at every batch of ``spec``, peak memory of the largest
+    training batch (CUDA allocator; None on CPU) and the kernels; failures as text."""
+    row: dict[str, object] = {"method": method}
+    try:
+        model, size = _build_vit(method, BenchSpec(**{**spec.__dict__, "compile": False}))
+        row["kernel"] = attention_kernels(model, torch.randn(1, 3, size, size, device=spec.device), spec.device)
+        if spec.compile:
+            model.compile()
+    except Exception as error:  # a method that cannot even be built is one row of the table
+        row["kernel"] = _failure(error)
+        return row
+    cuda = spec.device.startswith("cuda")
+    for batch in spec.batches:
+        images = torch.randn(batch, 3, size, size, device=spec.device)
+        jobs = {
+            "train": _TrainStep(model, images, spec.device),
+            "infer": lambda x=images: _inference(model, x, spec.device),
+        }
+        for mode, job in jobs.items():
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            try:
+                row[f"{mode}_img_s_b{batch}"] = _images_per_second(job, batch, spec)
+            except Exception as error:  # OOM, a kernel that refuses the shapes, ...
+                row[f"{mode}_img_s_b{batch}"] = _failure(error)
+            if mode == "train" and batch == max(spec.batches):
+                row["train_peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None
+    return row
+
+
+def throughput_table(spec: BenchSpec) -> pd.DataFrame:
+    """Per encoding: training and inference img/s at each batch of ``spec`` (bf16 autocast on
+    CUDA), nopos's img/s over the encoding's (``_vs_nopos``, the issue's "nopos / this"),
+    that ratio over the FLOP model's bound (``_vs_bound``, 1.0 = as fast as its arithmetic
+    allows), peak training memory at the largest batch, and the attention kernels used.
+    A measurement that fails (out of memory, kernel error) shows as text in its cell.
+
+    Methods are built and measured one at a time, so a ViT-B table needs one model's memory.
+    """
+    methods = list(dict.fromkeys(("nopos", *spec.methods)))
+    config, default_size = MODELS[spec.model]
+    size = spec.image_size or default_size
+    rows = []
+    for method in methods:
+        rows.append(_measure_method(method, spec))
+        if spec.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    table = pd.DataFrame(rows).set_index("method")
+    built = [not str(kernel).startswith(("error:", "OOM")) for kernel in table["kernel"]]
+    bf16 = spec.device.startswith("cuda")
+    bounds = [flop_bound(m, config, size, bf16) if ok else None for m, ok in zip(table.index, built, strict=True)]
+    table["flop_bound"] = [None if b is None else round(b, 3) for b in bounds]
+    for batch in spec.batches:
+        for mode in ("train", "infer"):
+            column = f"{mode}_img_s_b{batch}"
+            if column not in table:
+                continue
+            ratios = [_ratio(table.loc["nopos", column], value) for value in table[column]]
+            table[f"{column}_vs_nopos"] = ratios
+            table[f"{column}_vs_bound"] = [
+                None if r is None or b is None else round(r / b, 3) for r, b in zip(ratios, bounds, strict=True)
+            ]
+    prefixes = [f"{mode}_img_s_b{b}" for b in spec.batches for mode in ("train", "infer")]
+    measured = [c for prefix in prefixes for c in table if c.startswith(prefix)]
+    order = ["kernel", "flop_bound", *measured, "train_peak_mib"]
+    return table[[c for c in order if c in table]]
+
+
+def _ratio(nopos: object, value: object) -> float | None:
+    """nopos img/s over the method's (how many times slower); None when either failed."""
+    if not isinstance(nopos, float) or not isinstance(value, float) or value <= 0:
+        return None
+    return round(nopos / value, 3)

@@ -58,3 +58,28 @@ def test_cross_attention_with_different_lengths():
     assert out.shape == (2, 3, 16)
     with pytest.raises(ValueError, match="context"):
         layer(torch.randn(2, 3, 16), query)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("options", [{}, {"low_precision": "round"}, {"m": 8}])
+def test_widened_pape_on_cuda_reaches_a_fused_kernel_with_an_unpadded_v(options, monkeypatch):
+    """CUDA: v stays at the head width while q/k are widened (PaPE), and SDPA still picks a
+    fused kernel in bf16, at ViT-B's head width (64 + 2m + 1 channels, 3x when split)."""
+    chosen = []
+    real = attention_module.F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        assert v.shape[-1] < q.shape[-1]
+        chosen.append(torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
+    geometry = Geometry(pos_dim=2, grid_shape=(14, 14), num_prefix_tokens=1)
+    encoding = build("pape", geometry, 768, 12, 1, options).cuda()
+    layer = Attention(768, 12, encoding.make_layer(0)).cuda()
+    layout = PositionLayout.grid(8, (14, 14), 1, device="cuda")
+    x = torch.randn(8, 197, 768, device="cuda", requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        layer(x, layout).float().sum().backward()
+    assert chosen and all(c != SDPBackend.MATH.value for c in chosen), chosen

@@ -1,0 +1,108 @@
+"""The img/s table of ``pe-bench bench`` (on CUDA by default) and its FLOP model: structure
+only, on a tiny CPU model (figures are never asserted: machines are noisy)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from pe_bench.harness.cli import main
+from pe_bench.harness.reports import bench
+from pe_bench.harness.reports.bench import (
+    MODELS,
+    BenchSpec,
+    encoding_flops,
+    flop_bound,
+    throughput_table,
+    vit_forward_flops,
+)
+
+VIT_B = MODELS["vit-b"][0]
+
+
+def _spec(**changes) -> BenchSpec:
+    settings = {"model": "tiny", "methods": ("rope", "pape[m=4]", "alibi"), "batches": (1, 2), "repeats": 1}
+    return BenchSpec(**{**settings, **changes})
+
+
+def test_throughput_table_has_every_column_relative_to_nopos_and_to_the_bound():
+    table = throughput_table(_spec())
+    assert list(table.index) == ["nopos", "rope", "pape[m=4]", "alibi"]
+    for batch in (1, 2):
+        for mode in ("train", "infer"):
+            column = f"{mode}_img_s_b{batch}"
+            assert (table[column] > 0).all()
+            assert table.loc["nopos", f"{column}_vs_nopos"] == 1.0
+            assert table.loc["nopos", f"{column}_vs_bound"] == 1.0
+            ratio, bound = table.loc["pape[m=4]", f"{column}_vs_nopos"], table.loc["pape[m=4]", "flop_bound"]
+            assert table.loc["pape[m=4]", f"{column}_vs_bound"] == pytest.approx(ratio / bound, rel=2e-3, abs=1e-3)
+    assert table.loc["nopos", "flop_bound"] == 1.0 and table.loc["pape[m=4]", "flop_bound"] > 1.0
+    assert table["train_peak_mib"].isna().all()  # the CUDA allocator's figure; none on CPU
+    assert "MATH" not in table.loc["rope", "kernel"]
+    assert list(table.columns[:2]) == ["kernel", "flop_bound"]
+
+
+def test_a_failed_measurement_is_a_cell_not_a_crash(monkeypatch):
+    real = bench._inference
+
+    def out_of_memory_at_batch_2(model, images, device):
+        if images.shape[0] == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+        return real(model, images, device)
+
+    monkeypatch.setattr(bench, "_inference", out_of_memory_at_batch_2)
+    table = throughput_table(_spec(methods=("rope",)))
+    assert (table["infer_img_s_b2"] == "OOM").all()
+    assert table["infer_img_s_b2_vs_nopos"].isna().all()
+    assert (pd.to_numeric(table["train_img_s_b2"]) > 0).all()
+
+
+def test_an_encoding_that_cannot_be_built_is_reported():
+    table = throughput_table(_spec(methods=("pape[nonsense=1]",)))
+    failure = table.loc["pape[nonsense=1]", "kernel"]
+    assert failure.startswith("error:") and "nonsense" in failure
+
+
+def test_flop_model_knows_no_plug_in(monkeypatch):
+    from types import SimpleNamespace
+
+    from pe_bench.harness.grid import methods
+
+    monkeypatch.setattr(methods, "parse_method", lambda spec: SimpleNamespace(name="my-plugin", options=()))
+    assert encoding_flops("my-plugin", VIT_B, 197) is None
+    assert flop_bound("my-plugin", VIT_B, 224) is None
+
+
+def test_flop_model_by_action_point():
+    tokens = 197
+    base = vit_forward_flops(VIT_B, tokens, 3 * 16 * 16)
+    assert base == pytest.approx(2 * 17.6e9, rel=0.02)  # ViT-B/16 at 224: 17.6 G multiply-adds
+    assert encoding_flops("nopos", VIT_B, tokens) == 0.0
+    assert encoding_flops("alibi", VIT_B, tokens) == 12 * 12 * tokens**2 * (3 * 2 + 3)
+    # PaPE's widened q.k: 2m + 1 = 101 channels padded to 104, or 3 x 101 -> 304 when split in bf16.
+    split, rounded = encoding_flops("pape", VIT_B, tokens), encoding_flops("pape[low_precision=round]", VIT_B, tokens)
+    assert split - rounded == pytest.approx(12 * 2 * tokens**2 * 12 * (304 - 104))
+    assert encoding_flops("pape", VIT_B, tokens, bf16=False) == rounded
+    # PaPE (m = 50): W_a/W_b (4.4 GFLOPs) and the widened q.k; rotations and biases about 1.0x.
+    assert 1.1 < flop_bound("pape[low_precision=round]", VIT_B, 224) < flop_bound("pape", VIT_B, 224) < 1.3
+    for method in ("rope", "rope-mixed", "alibi", "sincos", "relpos"):
+        assert 1.0 < flop_bound(method, VIT_B, 224) < 1.06, method
+
+
+def test_bench_command_prints_the_throughput_table_and_compiles_on_request(capsys, monkeypatch):
+    compiled = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compiled.append(type(self).__name__))
+    args = ["bench", "--model", "tiny", "--methods", "nopos,alibi", "--repeats", "1", "--batch", "1"]
+    assert main([*args, "--train-batch", "0", "--throughput", "--throughput-batch", "1,2", "--compile"]) == 0
+    out = capsys.readouterr().out
+    assert "train_img_s_b2_vs_bound" in out and "flop_bound" in out
+    assert compiled and set(compiled) == {"ViT"}
+
+
+def test_pape_precision_command_prints_its_table(capsys, monkeypatch):
+    small = bench.pape_precision_table(sides=(6,), methods=("pape-ri",), dim=64, heads=1, queries=8)
+    monkeypatch.setattr(bench, "pape_precision_table", lambda: small)
+    assert main(["bench", "--pape-precision"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16 split max" in out and "6x6" in out

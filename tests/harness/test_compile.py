@@ -1,0 +1,96 @@
+"""``trainer.compile``: resolution of "auto", in-place compilation, and the compiled model
+computing what the eager one does (Flex score_mods included, traced without graph breaks)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pe_bench.adapters import EncodingFactory
+from pe_bench.harness.attention import attention_kernel
+from pe_bench.harness.compile import compile_enabled, maybe_compile
+from pe_bench.harness.config import ConfigError, ModelConfig, TrainerConfig, load_run_config, parse_overrides
+from pe_bench.tasks._shared.vit import ViT, image_geometry
+
+TINY = ModelConfig(dim=32, depth=2, num_heads=4, mlp_ratio=2.0, patch_size=4)
+
+
+def _vit(method: str, **options) -> ViT:
+    torch.manual_seed(0)
+    return ViT(EncodingFactory(method, options), image_geometry((16, 16), 4), TINY, 3, 10).eval()
+
+
+def test_auto_compiles_on_cuda_only(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not compile_enabled(TrainerConfig())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert compile_enabled(TrainerConfig())
+    assert not compile_enabled(TrainerConfig(accelerator="cpu"))
+    assert not compile_enabled(TrainerConfig(compile=False))
+    assert compile_enabled(TrainerConfig(compile=True, accelerator="cpu"))
+
+
+def test_compile_setting_is_validated_by_name():
+    assert load_run_config("imagenet", "tiny", parse_overrides(["trainer.compile=true"])).trainer.compile is True
+    with pytest.raises(ConfigError, match="trainer.compile"):
+        load_run_config("imagenet", "tiny", parse_overrides(["trainer.compile=sometimes"]))
+
+
+@pytest.mark.parametrize("method", ["nopos", "alibi", "sape2"])
+def test_compiled_model_keeps_its_state_dict_and_outputs(method):
+    """In place: checkpoints of compiled runs load into uncompiled models (extrapolation).
+    With the flex policy the bias encodings' score_mods must trace in one graph."""
+    model = _vit(method)
+    keys = list(model.state_dict())
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad(), attention_kernel("flex"):
+        eager = model(images)
+        assert maybe_compile(model, TrainerConfig(compile=False)) is model
+        maybe_compile(model, TrainerConfig(compile=True), backend="aot_eager", fullgraph=True)
+        compiled = model(images)
+    assert list(model.state_dict()) == keys
+    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_rope_computes_its_rotation_tables_once_for_all_layers():
+    """The tables depend on positions only: compiled, the four layers share one cos."""
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.utils import counters
+
+    cosines = []
+
+    def count_cosines(graph_module, example_inputs):
+        nodes = graph_module.graph.nodes
+        cosines.append(sum(n.op == "call_function" and "cos" in str(n.target) for n in nodes))
+        return make_boxed_func(graph_module.forward)
+
+    backend = aot_autograd(fw_compiler=count_cosines, partition_fn=min_cut_rematerialization_partition)
+    model = ViT(EncodingFactory("rope", {}), image_geometry((16, 16), 4), TINY.model_copy(update={"depth": 4}), 3, 10)
+    maybe_compile(model, TrainerConfig(compile=True), backend=backend)
+    counters.clear()
+    model(torch.randn(2, 3, 16, 16)).sum().backward()
+    # one graph for the whole model (no graph break splits the layers), and every forward
+    # AOTAutograd compiles for it holds a single cos
+    assert counters["stats"]["unique_graphs"] == 1
+    assert cosines and set(cosines) == {1}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["rope", "alibi", "relpos", "pape", "sape2"])
+def test_inductor_compiled_training_step_on_cuda(method):
+    """CUDA: the inductor-compiled model (Flex kernels for the bias encodings) trains and
+    matches the eager dense model in bf16 autocast."""
+    eager, compiled = _vit(method).cuda().train(), _vit(method).cuda().train()
+    maybe_compile(compiled, TrainerConfig(compile=True))
+    images = torch.randn(4, 3, 16, 16, device="cuda")
+    outputs = []
+    for model, kernel in ((eager, "dense"), (compiled, "auto")):
+        with attention_kernel(kernel), torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(images).float()
+        out.square().mean().backward()
+        outputs.append(out.detach())
+    torch.testing.assert_close(outputs[1], outputs[0], atol=3e-2, rtol=3e-2)
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), name
