@@ -93,6 +93,7 @@ def _object_place(
     In the marker's row: the marker's horizontal line crosses the box at least 2 px inside it;
     in its column: the same for the vertical line; apart: both lines miss it by 2 px or more.
     """
+
     def crossing(centre: int, extent: int) -> int | None:  # a start whose span holds ``centre``
         low, high = max(0, centre - extent + 3), min(size - extent, centre - 2)
         return int(rng.integers(low, high + 1)) if low <= high else None

@@ -123,7 +123,7 @@ def test_relation_scene_classes_follow_the_marker_lines():
     rng = np.random.default_rng(3)
     for _ in range(20):
         image, boxes, labels = relation_scene(rng, 64, (2, 4), (8, 20), marker=9)
-        assert image.shape == (64, 64, 3) and 0 <= image.min() and image.max() <= 1
+        assert image.shape == (64, 64, 3) and image.min() >= 0 and image.max() <= 1
         # The marker is the only pure-white plus: find its centre from its white pixels.
         white = np.all(image == 1.0, axis=-1)
         rows, cols = np.nonzero(white)

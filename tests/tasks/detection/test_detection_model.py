@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pe_bench.adapters import EncodingFactory
-from pe_bench.tasks.detection.assigner import TaskAlignedAssigner, Targets
+from pe_bench.tasks.detection.assigner import Targets, TaskAlignedAssigner
 from pe_bench.tasks.detection.head import (
     BranchOutput,
     DualHead,
@@ -91,9 +91,7 @@ def _assigner_case():
     scores = torch.full((1, 5, 2), 0.1)
     scores[0, 1, 1] = 0.9  # point 1 is sure it sees class 1 (box A)
     # Predictions: point 1 and 2 predict box A exactly; point 3 predicts box B; 0 and 4 are poor.
-    boxes = torch.tensor(
-        [[[0.0, 0.0, 2.0, 2.0], [0.0, 0.0, 6.0, 6.0], [0.0, 0.0, 6.0, 6.0], [4.0, 4.0, 10.0, 10.0], [7.0, 7.0, 9.0, 9.0]]]
-    )
+    boxes = torch.tensor([[[0.0, 0, 2, 2], [0, 0, 6, 6], [0, 0, 6, 6], [4, 4, 10, 10], [7, 7, 9, 9]]])
     return scores, boxes, points, targets
 
 
