@@ -119,7 +119,7 @@ class Coco(DetectionTask):
     name = "coco"
     DataConfig = CocoDataConfig
     data: CocoDataConfig
-    tiny_standin = "generated shapes on photographs; class: crossed by a marker's row, its column, or neither"
+    tiny_standin = "generated shapes on photographs; class = quadrant relative to a marker (4 classes)"
 
     def geometry(self) -> Geometry:
         return image_detection_geometry((self.data.image_size, self.data.image_size), self.config.model.patch_size)

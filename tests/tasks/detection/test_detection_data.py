@@ -119,7 +119,7 @@ def test_missing_coco_names_the_path_the_layout_and_the_source(tmp_path):
     assert code != 0
 
 
-def test_relation_scene_classes_follow_the_marker_lines():
+def test_relation_scene_classes_are_quadrants_seen_from_the_marker():
     rng = np.random.default_rng(3)
     for _ in range(20):
         image, boxes, labels = relation_scene(rng, 64, (2, 4), (8, 20), marker=9)
@@ -129,8 +129,11 @@ def test_relation_scene_classes_follow_the_marker_lines():
         rows, cols = np.nonzero(white)
         cy, cx = int(np.median(rows)), int(np.median(cols))
         for (x, y, w, h), label in zip(boxes, labels, strict=True):
-            in_row, in_col = y + 2 <= cy <= y + h - 3, x + 2 <= cx <= x + w - 3
-            assert CLASSES[label] == ("in-marker-row" if in_row else "in-marker-column" if in_col else "apart")
+            # Entirely on one side of the marker's column and of its row.
+            assert (x > cx + 1 or x + w < cx - 1) and (y > cy + 1 or y + h < cy - 1)
+            vertical = "below" if y > cy else "above"
+            horizontal = "right" if x > cx else "left"
+            assert CLASSES[label] == f"{vertical}-{horizontal}"
 
 
 def test_tiny_coco_split_is_a_coco_file_the_loader_reads(tmp_path):
