@@ -11,7 +11,7 @@ from pe_bench.harness.grid import store
 from pe_bench.tasks import resolve_tasks
 
 SMALL_MODEL = ["--set", "optim.epochs=1", "--set", "optim.batch_size=8", "--set", "model.dim=32",
-               "--set", "model.depth=1", "--set", "model.neck_dim=16"]  # fmt: skip
+               "--set", "model.depth=1", "--set", "model.neck_dim=16", "--set", "trainer.threads=1"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
