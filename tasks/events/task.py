@@ -1,7 +1,7 @@
 """Event-camera classification with Spiking Patches + ViT: ``dvsgesture`` (PaPE Table 1).
 
 ``paper`` reads DvsGesture's public release (:mod:`.events_aedat`), augments with NDA and
-EventDrop (:mod:`.events_augment`) and tokenizes every sample on the fly; ``tiny`` uses
+EventDrop (:mod:`pe_bench.tasks._shared.event_augment`) and tokenizes every sample on the fly; ``tiny`` uses
 streams from the event-camera emulator (:mod:`.events_emulator`), tokenized once.
 """
 
@@ -19,13 +19,13 @@ from torch.utils.data import Dataset, get_worker_info
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
 from pe_bench.harness.data import PatchDataModule
+from pe_bench.tasks._shared.event_augment import EventAugmentation
+from pe_bench.tasks._shared.spiking_patches import EventTokens, SpikingPatches
 
 from .._shared.data_checks import DataReport, scan_files
 from ..base import PatchTask
 from .aedat import check_dvsgesture_classes, check_recording, cut, dvsgesture_root, dvsgesture_samples, read_aedat31
-from .augment import EventAugmentation
 from .emulator import motion_event_streams
-from .tokenizer import EventTokens, SpikingPatches
 from .vit import EVENT_GEOMETRY, EventViT, collate_tokens
 
 # Mirror image of each DvsGesture class (0-based): left/right hand waves and circles swap.

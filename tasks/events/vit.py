@@ -11,43 +11,20 @@ padding (the CLS token, without position, is always valid).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout
 from pe_bench.harness.config import ModelConfig
+from pe_bench.tasks._shared.spiking_patches import EventBatch, EventTokens, pad_tokens
 from pe_bench.tasks._shared.vit import TokenClassifier, prepend_token
-
-from .tokenizer import EventTokens
-
-
-@dataclass
-class EventBatch:
-    features: Tensor  # (B, N, 2, buckets, patch, patch) event counts
-    coords: Tensor  # (B, N, 3) patch x, patch y, spike time (us, relative to the sample)
-    valid: Tensor  # (B, N) False for padding
-
-    def __len__(self) -> int:
-        return self.features.shape[0]
 
 
 def collate_tokens(items: list[tuple[EventTokens, int]]) -> tuple[EventBatch, Tensor]:
     """Pad variable-length token sequences to the longest of the batch (at least one slot)."""
-    length = max(1, *(len(tokens) for tokens, _ in items))
-    shape = items[0][0].features.shape[1:]
-    features = torch.zeros(len(items), length, *shape)
-    coords = torch.zeros(len(items), length, 3)
-    valid = torch.zeros(len(items), length, dtype=torch.bool)
-    for i, (tokens, _) in enumerate(items):
-        n = len(tokens)
-        features[i, :n] = torch.from_numpy(tokens.features)
-        coords[i, :n] = torch.from_numpy(np.stack([tokens.x, tokens.y, tokens.t], axis=-1).astype(np.float32))
-        valid[i, :n] = True
     labels = torch.tensor([label for _, label in items])
-    return EventBatch(features, coords, valid), labels
+    return pad_tokens([tokens for tokens, _ in items]), labels
 
 
 #: Irregular positions: tokens appear where and when patches spike, no grid.

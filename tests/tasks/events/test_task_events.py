@@ -14,11 +14,12 @@ from pe_bench.harness.config import load_run_config
 from pe_bench.harness.data import DatasetMissingError
 from pe_bench.harness.grid import store
 from pe_bench.tasks import get_task
+from pe_bench.tasks._shared.event_augment import EventAugmentation
+from pe_bench.tasks._shared.event_emulator import emulate_events
+from pe_bench.tasks._shared.spiking_patches import SpikingPatches, reference_tokens
 from pe_bench.tasks.events.aedat import dvsgesture_root, dvsgesture_samples, read_aedat31, write_aedat31
-from pe_bench.tasks.events.augment import EventAugmentation
-from pe_bench.tasks.events.emulator import emulate_events, motion_event_streams
+from pe_bench.tasks.events.emulator import motion_event_streams
 from pe_bench.tasks.events.task import EventDataModule, EventTokenDataset
-from pe_bench.tasks.events.tokenizer import SpikingPatches, reference_tokens
 from pe_bench.tasks.events.vit import collate_tokens
 
 

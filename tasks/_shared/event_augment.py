@@ -58,9 +58,19 @@ def _warp(events: Events, matrix: np.ndarray, shift: np.ndarray, width: int, hei
     return (x, y, events[2][inside], events[3][inside])
 
 
+def rotation_matrix(degrees: float) -> np.ndarray:
+    """2x2 rotation of pixel coordinates (x right, y down) by ``degrees``."""
+    a = np.deg2rad(degrees)
+    return np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]])
+
+
+def rotate_by(events: Events, degrees: float, width: int, height: int) -> Events:
+    """Rotate the events by ``degrees`` about the sensor centre; drop those leaving the sensor."""
+    return _warp(events, rotation_matrix(degrees), np.zeros(2), width, height)
+
+
 def rotate(events: Events, rng: np.random.Generator, width: int, height: int, max_degrees: float = 15) -> Events:
-    a = np.deg2rad(rng.uniform(-max_degrees, max_degrees))
-    return _warp(events, np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]]), np.zeros(2), width, height)
+    return rotate_by(events, rng.uniform(-max_degrees, max_degrees), width, height)
 
 
 def shear(events: Events, rng: np.random.Generator, width: int, height: int, max_shear: float = 0.3) -> Events:

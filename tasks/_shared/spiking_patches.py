@@ -17,7 +17,8 @@ busiest patch emits tokens (tens), never per event.
 Features follow the public implementation: per token a (2, buckets, patch, patch) volume
 counting its events per polarity, time bucket and pixel, the buckets being log-spaced in
 the event's age before the spike (edges 1 ms x 2^k). The model applies log(1 + x) and a
-learned linear embedding (:mod:`.events_vit`).
+learned linear embedding (the event ViTs of the ``events`` and ``detection`` families).
+:func:`pad_tokens` batches the tokens of several streams.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+from torch import Tensor
 
 
 @dataclass
@@ -43,6 +46,31 @@ class EventTokens:
 
     def __len__(self) -> int:
         return len(self.t)
+
+
+@dataclass
+class EventBatch:
+    features: Tensor  # (B, N, 2, buckets, patch, patch) event counts
+    coords: Tensor  # (B, N, 3) patch x, patch y, spike time (us, relative to the sample)
+    valid: Tensor  # (B, N) False for padding
+
+    def __len__(self) -> int:
+        return self.features.shape[0]
+
+
+def pad_tokens(streams: list[EventTokens]) -> EventBatch:
+    """Pad the token sequences of several streams to the longest one (at least one slot)."""
+    length = max(1, *(len(tokens) for tokens in streams))
+    shape = streams[0].features.shape[1:]
+    features = torch.zeros(len(streams), length, *shape)
+    coords = torch.zeros(len(streams), length, 3)
+    valid = torch.zeros(len(streams), length, dtype=torch.bool)
+    for i, tokens in enumerate(streams):
+        n = len(tokens)
+        features[i, :n] = torch.from_numpy(tokens.features)
+        coords[i, :n] = torch.from_numpy(np.stack([tokens.x, tokens.y, tokens.t], axis=-1).astype(np.float32))
+        valid[i, :n] = True
+    return EventBatch(features, coords, valid)
 
 
 class SpikingPatches:

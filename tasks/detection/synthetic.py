@@ -1,0 +1,174 @@
+"""The generated scenes of the tiny ``coco``: shapes whose class is where they lie relative to
+a marker, on crops of scikit-image's photographs, written in the COCO 2017 layout.
+
+Every image holds one marker (a white "plus" with a dark rim) anywhere in the image and 2-4
+objects: disks, squares and triangles of several sizes and colours. An object's class is the
+quadrant it lies in as seen from the marker (above-left, above-right, below-left,
+below-right); its box never comes within 1 px of the marker's row or column, so the class is
+unambiguous. The shape is a nuisance, not the class.
+
+Why position matters: a position-free backbone sees the same set of patches whichever
+quadrant an object is in, so it can find the objects but not name them from the backbone.
+What it can still use is the object's absolute position (the convolutional head reads it
+from its zero padding): in a bounded image an object near the left border is mostly left of
+the marker, and an object's 8-pixel cell alone predicts its class 69% of the time (chance:
+25%). Balanced alternatives without that prior (e.g. "the marker's row crosses the object")
+were not learnt by any encoding within a CPU budget, so the tiny profile keeps the quadrants.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+CLASSES = ("above-left", "above-right", "below-left", "below-right")
+#: Photographs bundled with scikit-image (no download): the backgrounds.
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "immunohistochemistry", "brick", "grass")
+#: Bump when the generator changes: the cache key includes it.
+GENERATOR_VERSION = 3
+
+
+@lru_cache(maxsize=1)
+def _photos() -> tuple[np.ndarray, ...]:
+    from skimage import data
+
+    images = []
+    for name in PHOTOS:
+        image = getattr(data, name)().astype(np.float32) / 255.0
+        if image.ndim == 2:
+            image = np.repeat(image[..., None], 3, axis=-1)
+        images.append(image[..., :3])
+    return tuple(images)
+
+
+def _background(rng: np.random.Generator, size: int) -> np.ndarray:
+    """A random crop of a random photograph, resized to size x size, contrast halved so that
+    the objects stand out but the background still has natural texture."""
+    import torch
+    import torch.nn.functional as F
+
+    photo = _photos()[rng.integers(len(PHOTOS))]
+    h, w = photo.shape[:2]
+    side = int(rng.integers(min(h, w) // 4, min(h, w) + 1))
+    top, left = rng.integers(0, h - side + 1), rng.integers(0, w - side + 1)
+    crop = torch.from_numpy(np.ascontiguousarray(photo[top : top + side, left : left + side])).permute(2, 0, 1)
+    resized = F.interpolate(crop[None], size=(size, size), mode="area")[0].permute(1, 2, 0).numpy()
+    return 0.25 + 0.5 * resized
+
+
+def _shape_mask(kind: int, w: int, h: int) -> np.ndarray:
+    """(h, w) bool mask of a disk (0), square (1) or upward triangle (2) filling its box."""
+    yy, xx = np.mgrid[0:h, 0:w] + 0.5
+    u, v = xx / w, yy / h  # in [0, 1]
+    if kind == 0:
+        return (u - 0.5) ** 2 + (v - 0.5) ** 2 <= 0.25
+    if kind == 1:
+        return np.ones((h, w), dtype=bool)
+    return np.abs(u - 0.5) <= 0.5 * v
+
+
+def _paint(image: np.ndarray, mask: np.ndarray, top: int, left: int, colour: np.ndarray) -> None:
+    """Fill ``mask`` with ``colour`` inside a 1-pixel rim of the complementary colour, so that
+    an object is visible on any background and its box is exactly the painted pixels."""
+    padded = np.pad(mask, 1)
+    interior = mask & padded[:-2, 1:-1] & padded[2:, 1:-1] & padded[1:-1, :-2] & padded[1:-1, 2:]
+    region = image[top : top + mask.shape[0], left : left + mask.shape[1]]
+    region[mask & ~interior] = 1.0 - colour
+    region[interior] = colour
+
+
+def relation_scene(
+    rng: np.random.Generator, size: int, objects: tuple[int, int], sides: tuple[int, int], marker: int
+) -> tuple[np.ndarray, list[tuple[int, int, int, int]], list[int]]:
+    """One image (size, size, 3) float in [0, 1], its boxes (x, y, w, h) and class indices."""
+    image = _background(rng, size)
+    half = marker // 2
+    cx, cy = (int(rng.integers(half + 1, size - half - 1)) for _ in range(2))
+    plus = np.zeros((marker, marker), dtype=bool)
+    plus[half - 1 : half + 2, :] = True
+    plus[:, half - 1 : half + 2] = True
+    _paint(image, plus, cy - half, cx - half, np.array([1.0, 1.0, 1.0]))
+    taken = [(cx - half, cy - half, cx - half + marker, cy - half + marker)]
+    boxes: list[tuple[int, int, int, int]] = []
+    labels: list[int] = []
+    wanted = int(rng.integers(objects[0], objects[1] + 1))
+    for _ in range(60 * wanted):
+        if len(boxes) == wanted:
+            break
+        w, h = (int(rng.integers(sides[0], sides[1] + 1)) for _ in range(2))
+        x, y = int(rng.integers(0, size - w + 1)), int(rng.integers(0, size - h + 1))
+        right, below = x > cx + 1, y > cy + 1
+        if not (right or x + w < cx - 1) or not (below or y + h < cy - 1):
+            continue  # the marker's row or column passes within 1 px: ambiguous quadrant
+        if any(x < b[2] + 1 and b[0] < x + w + 1 and y < b[3] + 1 and b[1] < y + h + 1 for b in taken):
+            continue  # overlaps (or touches) the marker or another object
+        colour = rng.uniform(0.0, 1.0, 3)
+        colour[rng.integers(3)] = rng.choice([0.05, 0.95])  # one saturated channel: visible on any background
+        _paint(image, _shape_mask(int(rng.integers(3)), w, h), y, x, colour)
+        taken.append((x, y, x + w, y + h))
+        boxes.append((x, y, w, h))
+        labels.append(2 * int(below) + int(right))
+    return image, boxes, labels
+
+
+def write_coco_split(
+    root: Path, split: str, count: int, size: int, objects: tuple[int, int], sides: tuple[int, int], seed: int
+) -> None:
+    """``count`` scenes as ``root/<split>/*.png`` and ``root/annotations/instances_<split>.json``."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    (root / split).mkdir(parents=True, exist_ok=True)
+    (root / "annotations").mkdir(exist_ok=True)
+    images, annotations = [], []
+    for index in range(count):
+        image, boxes, labels = relation_scene(rng, size, objects, sides, marker=max(7, size // 8))
+        name = f"{index:012d}.png"
+        Image.fromarray(np.rint(np.clip(image, 0, 1) * 255).astype(np.uint8)).save(root / split / name)
+        images.append({"id": index + 1, "file_name": name, "width": size, "height": size})
+        for (x, y, w, h), label in zip(boxes, labels, strict=True):
+            annotations.append(
+                {"id": len(annotations) + 1, "image_id": index + 1, "category_id": label + 1,
+                 "bbox": [x, y, w, h], "area": w * h, "iscrowd": 0}
+            )  # fmt: skip
+    categories = [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(CLASSES)]
+    payload = {"images": images, "annotations": annotations, "categories": categories}
+    (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(payload))
+
+
+def cache_root() -> Path:
+    """Where generated data is kept between runs: ``$PE_BENCH_CACHE`` or ~/.cache/pe-bench."""
+    return Path(os.environ.get("PE_BENCH_CACHE") or Path.home() / ".cache" / "pe-bench")
+
+
+def tiny_coco(
+    train: int, test: int, size: int, objects: tuple[int, int], sides: tuple[int, int], cache: Path | None = None
+) -> Path:
+    """The generated dataset in the COCO 2017 layout (train2017/, val2017/, annotations/),
+    written once per setting under the cache (atomically, so concurrent runs may share it)."""
+    settings = (GENERATOR_VERSION, train, test, size, objects, sides)
+    key = hashlib.sha1(repr(settings).encode()).hexdigest()[:12]
+    root = (cache or cache_root()) / f"coco-tiny-{key}"
+    if (root / "annotations" / "instances_val2017.json").is_file():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    try:
+        # Fixed seeds per split: every method and seed trains and tests on the same images.
+        write_coco_split(staging, "train2017", train, size, objects, sides, seed=7000)
+        write_coco_split(staging, "val2017", test, size, objects, sides, seed=7001)
+        try:
+            staging.rename(root)
+        except OSError:  # another process finished first: keep its copy
+            if not (root / "annotations" / "instances_val2017.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return root

@@ -1,0 +1,290 @@
+"""Object detection: ``coco`` (ViT on images) and ``gen1`` (event ViT on Spiking Patches
+tokens), both with ViTDet's simple feature pyramid and a YOLOv10-style head (PaPE Table 1).
+
+``paper`` profiles read COCO 2017 (:mod:`.coco`) and the Prophesee GEN1 release
+(:mod:`.gen1`) from ``--data-root``; ``tiny`` profiles generate their data: relation scenes
+written in the COCO layout (:mod:`.synthetic`) and emulated event streams of flashing boxes
+(:mod:`.event_scenes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+from typing import ClassVar, Literal
+
+import lightning as L
+import numpy as np
+import torch
+from pydantic import model_validator
+from torch import Tensor, nn
+from torch.utils.data import Dataset, get_worker_info
+
+from pe_bench.adapters import EncodingFactory, Geometry
+from pe_bench.harness.config import ConfigError, Strict
+from pe_bench.harness.data import SplitDataModule
+from pe_bench.tasks._shared.spiking_patches import EventBatch, EventTokens, SpikingPatches, pad_tokens
+
+from ..base import Task
+from .coco import CocoDetection, CocoImages, coco_root, collate_images
+from .event_scenes import flashing_box_streams
+from .gen1 import Gen1Augmentation, events_before, gen1_root, gen1_samples
+from .models import (
+    EVENT_DETECTION_GEOMETRY,
+    DetectionModelConfig,
+    EventDetector,
+    ImageDetector,
+    image_detection_geometry,
+)
+from .module import DetectionModule
+from .synthetic import tiny_coco
+
+
+def held_out(count: int, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (train, val): a fixed random ``fraction`` (at least one) held out for validation."""
+    order = np.random.default_rng(seed).permutation(count)
+    n_val = max(1, round(fraction * count))
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+class DetectionTask(Task):
+    metric = "map"
+    metric_label = "mAP"
+    score_scale = 100.0
+    ModelConfig: ClassVar[type[DetectionModelConfig]] = DetectionModelConfig
+
+    def lightning_module(self, model: nn.Module) -> DetectionModule:
+        m = self.config.model
+        return DetectionModule(model, self.config.optim, m.reg_max, m.max_detections)  # type: ignore[attr-defined]
+
+
+class CocoDataConfig(Strict):
+    source: Literal["generated", "coco"]
+    image_size: int
+    num_classes: int
+    dataset_dir: str = "coco"  # under --data-root
+    val_fraction: float = 0.01  # of train2017, held out for checkpoint selection
+    large_scale_jitter: bool = False
+    randaugment: bool = False  # photometric operations only (see coco.PhotometricRandAugment)
+    # generated only: train_size images in train2017 (val_fraction of them held out), test_size in val2017
+    train_size: int = 0
+    test_size: int = 0
+    objects: tuple[int, int] = (2, 4)  # objects per image, inclusive range
+    object_sides: tuple[int, int] = (8, 20)  # box side in pixels, inclusive range
+
+    @model_validator(mode="after")
+    def _generated_sizes(self) -> CocoDataConfig:
+        if self.source == "generated" and (self.train_size < 2 or self.test_size < 1):
+            raise ValueError("generated data needs train_size >= 2 and test_size >= 1")
+        return self
+
+
+class CocoDataModule(SplitDataModule):
+    collate_fn = staticmethod(collate_images)
+
+    def __init__(
+        self, data: CocoDataConfig, batch_size: int, num_workers: int, seed: int, data_root: Path | None
+    ) -> None:
+        super().__init__(batch_size, num_workers, seed)
+        self.data, self.data_root = data, data_root
+
+    def root(self) -> Path:
+        d = self.data
+        if d.source == "generated":
+            return tiny_coco(d.train_size, d.test_size, d.image_size, d.objects, d.object_sides)
+        return coco_root(Path(self.data_root or ".") / d.dataset_dir)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        d, root = self.data, self.root()
+        train, test = CocoImages(root, "train2017"), CocoImages(root, "val2017")
+        if len(train.category_ids) != d.num_classes:
+            raise ConfigError(
+                f"data.num_classes is {d.num_classes}, but {root}/annotations/instances_train2017.json has "
+                f"{len(train.category_ids)} categories: set data.num_classes to {len(train.category_ids)}"
+            )
+        train_idx, val_idx = held_out(len(train), d.val_fraction)
+        self.splits = {
+            "train": CocoDetection(
+                train, train_idx, d.image_size, d.large_scale_jitter, d.randaugment, drop_crowd=True
+            ),
+            "val": CocoDetection(train, val_idx, d.image_size),
+            "test": CocoDetection(test, None, d.image_size),
+        }
+
+
+class Coco(DetectionTask):
+    name = "coco"
+    DataConfig = CocoDataConfig
+    data: CocoDataConfig
+    tiny_standin = "generated shapes on photographs; class = quadrant relative to a marker (4 classes)"
+
+    def geometry(self) -> Geometry:
+        return image_detection_geometry((self.data.image_size, self.data.image_size), self.config.model.patch_size)
+
+    def build_model(self, make_encoding: EncodingFactory) -> nn.Module:
+        return ImageDetector(make_encoding, self.geometry(), self.config.model, 3, self.data.num_classes)  # type: ignore[arg-type]
+
+    def datamodule(self, seed: int) -> L.LightningDataModule:
+        optim, trainer = self.config.optim, self.config.trainer
+        return CocoDataModule(self.data, optim.batch_size, trainer.num_workers, seed, self.data_root)
+
+    def check_data(self) -> None:
+        if self.data.source == "coco":
+            coco_root(Path(self.data_root or ".") / self.data.dataset_dir)
+
+
+class Gen1DataConfig(Strict):
+    source: Literal["emulated", "gen1"]
+    num_classes: int
+    width: int
+    height: int
+    threshold: int = 256  # Spiking Patches sigma: events per token
+    refractory_us: int = 100_000  # T
+    buckets: int = 10  # log-spaced age buckets per polarity
+    time_scale: float = 1e-5  # token time (us) -> position units (PaPE on GEN1: 1/100,000)
+    window_events: int = 500_000  # the most recent events before each prediction time
+    augment: bool = False  # EventDrop and rotations (training only)
+    # gen1 only
+    dataset_dir: str = "gen1"
+    min_box_diagonal: float = 30.0
+    min_box_side: float = 10.0
+    skip_us: int = 500_000
+    # emulated only
+    train_size: int = 0
+    val_size: int = 0
+    test_size: int = 0
+    objects: tuple[int, int] = (1, 2)  # objects per stream, inclusive range
+    object_sides: tuple[int, int] = (8, 16)  # long side of a box in pixels, inclusive range
+    flashes: tuple[int, int] = (2, 4)  # positions per object, inclusive range
+    contrast: float = 0.25  # the emulator's log-intensity threshold
+
+
+Sample = tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray]  # events (x, y, t, p), boxes, labels
+
+
+class EventDetectionDataset(Dataset):
+    """Samples (events, boxes, labels) -> (tokens, target). Without augmentation every sample
+    is tokenized once and kept."""
+
+    def __init__(
+        self,
+        load: Callable[[int], Sample],
+        count: int,
+        tokenizer: SpikingPatches,
+        augmentation: Gen1Augmentation | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.load, self.count, self.tokenizer = load, count, tokenizer
+        self.augmentation, self.seed = augmentation, seed
+        self.cache: dict[int, tuple[EventTokens, dict[str, Tensor]]] = {}
+        self.draws = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> tuple[EventTokens, dict[str, Tensor]]:
+        if self.augmentation is None and i in self.cache:
+            return self.cache[i]
+        events, boxes, labels = self.load(i)
+        if self.augmentation is not None:
+            worker = get_worker_info()
+            self.draws += 1
+            rng = np.random.default_rng((self.seed, i, self.draws, worker.id if worker else 0))
+            events, boxes, labels = self.augmentation(events, boxes, labels, rng)
+        item = (self.tokenizer(*events), {"boxes": torch.from_numpy(boxes), "labels": torch.from_numpy(labels)})
+        if self.augmentation is None:
+            self.cache[i] = item
+        return item
+
+
+def collate_event_samples(items: list[tuple[EventTokens, dict[str, Tensor]]]) -> tuple[EventBatch, list[dict]]:
+    return pad_tokens([tokens for tokens, _ in items]), [target for _, target in items]
+
+
+@lru_cache(maxsize=4)
+def _emulated(count: int, seed: int, size: int, objects: tuple, sides: tuple, flashes: tuple, contrast: float) -> list:
+    return flashing_box_streams(
+        count, seed, size=size, objects=objects, sides=sides, flashes=flashes, threshold=contrast
+    )
+
+
+class Gen1DataModule(SplitDataModule):
+    collate_fn = staticmethod(collate_event_samples)
+
+    def __init__(
+        self, data: Gen1DataConfig, patch: int, batch_size: int, num_workers: int, seed: int, data_root: Path | None
+    ) -> None:
+        super().__init__(batch_size, num_workers, seed)
+        self.data, self.patch, self.data_root = data, patch, data_root
+
+    def tokenizer(self) -> SpikingPatches:
+        d = self.data
+        return SpikingPatches(d.width, d.height, self.patch, d.threshold, d.refractory_us, d.buckets)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        d = self.data
+        augmentation = Gen1Augmentation(d.width, d.height) if d.augment else None
+        if d.source == "emulated":
+            if d.width != d.height:
+                raise ConfigError(
+                    f"gen1: emulated streams are square: width ({d.width}) must equal height ({d.height})"
+                )
+            sizes = {"train": d.train_size, "val": d.val_size, "test": d.test_size}
+            for offset, (name, count) in enumerate(sizes.items()):
+                # Fixed data seeds per split: every method and seed sees the same streams.
+                streams = _emulated(count, 9000 + offset, d.width, d.objects, d.object_sides, d.flashes, d.contrast)
+                aug = augmentation if name == "train" else None
+                self.splits[name] = EventDetectionDataset(streams.__getitem__, count, self.tokenizer(), aug, self.seed)
+            return
+        root = gen1_root(Path(self.data_root or ".") / d.dataset_dir)
+        for name in ("train", "val", "test"):
+            samples = gen1_samples(root / name, d.width, d.height, d.min_box_diagonal, d.min_box_side, d.skip_us)
+
+            def load(i: int, samples: list = samples) -> Sample:
+                s = samples[i]
+                return events_before(s.recording, s.time_us, d.window_events), s.boxes, s.labels
+
+            aug = augmentation if name == "train" else None
+            self.splits[name] = EventDetectionDataset(load, len(samples), self.tokenizer(), aug, self.seed)
+
+
+class Gen1(DetectionTask):
+    name = "gen1"
+    DataConfig = Gen1DataConfig
+    data: Gen1DataConfig
+    tiny_standin = "emulated event streams of boxes in apparent motion; label: each box at its last position"
+
+    def geometry(self) -> Geometry:
+        return EVENT_DETECTION_GEOMETRY
+
+    def grid(self) -> tuple[int, int]:
+        patch = self.config.model.patch_size
+        return -(-self.data.height // patch), -(-self.data.width // patch)
+
+    def build_model(self, make_encoding: EncodingFactory) -> nn.Module:
+        d, patch = self.data, self.config.model.patch_size
+        shape = (2, d.buckets, patch, patch)
+        return EventDetector(
+            make_encoding,
+            self.geometry(),
+            self.config.model,
+            shape,
+            self.grid(),
+            d.time_scale,
+            d.num_classes,
+        )
+
+    def datamodule(self, seed: int) -> L.LightningDataModule:
+        optim, trainer = self.config.optim, self.config.trainer
+        return Gen1DataModule(
+            self.data, self.config.model.patch_size, optim.batch_size, trainer.num_workers, seed, self.data_root
+        )
+
+    def check_data(self) -> None:
+        if self.data.source == "gen1":
+            gen1_root(Path(self.data_root or ".") / self.data.dataset_dir)
