@@ -28,9 +28,16 @@ from torch import Tensor, nn
 from pe_bench.adapters import EncodingFactory, Geometry, PositionEncoding, PositionLayout
 from pe_bench.harness.blocks import EncoderBlock
 from pe_bench.harness.config import Strict
+from pe_bench.tasks._shared.grouping import (
+    Clusters,
+    grid_pool,
+    grid_unpool,
+    make_patches,
+    padded_per_sample,
+    segment_reduce,
+)
+from pe_bench.tasks._shared.serialization import ORDERS, serialize
 
-from .grouping import Clusters, grid_pool, grid_unpool, make_patches, segment_reduce
-from .serialization import ORDERS, serialize
 from .sparse_conv import SubMConv3d, neighbour_table
 
 
@@ -82,21 +89,6 @@ class PointBatch:
         out = PointBatch(self.coord, self.grid_coord, self.batch, feat)
         out._tables = self._tables
         return out
-
-
-def padded_per_sample(values: Tensor, batch: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(N, C) flat -> (B, Nmax, C) padded, (B, Nmax) valid mask, (N,) flat slot of each point."""
-    counts = torch.bincount(batch)
-    n_max = int(counts.max())
-    order = torch.argsort(batch, stable=True)
-    start = torch.cumsum(counts, 0) - counts
-    slot = torch.empty_like(batch)
-    slot[order] = batch[order] * n_max + torch.arange(len(batch), device=batch.device) - start[batch[order]]
-    out = values.new_zeros(len(counts) * n_max, values.shape[-1])
-    out[slot] = values
-    valid = torch.zeros(len(counts) * n_max, dtype=torch.bool, device=batch.device)
-    valid[slot] = True
-    return out.view(len(counts), n_max, -1), valid.view(len(counts), n_max), slot
 
 
 class Norm(nn.Module):

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 
 from pe_bench.adapters import PositionLayout, build
 from pe_bench.harness.blocks import EncoderBlock
-from pe_bench.tasks.points.grouping import grid_pool, grid_unpool, make_patches, segment_reduce
+from pe_bench.tasks._shared.grouping import grid_pool, grid_unpool, make_patches, segment_reduce
+from pe_bench.tasks._shared.serialization import ORDERS, encode, serialize
 from pe_bench.tasks.points.ptv3 import points_geometry
-from pe_bench.tasks.points.serialization import ORDERS, encode, serialize
 from pe_bench.tasks.points.sparse_conv import SubMConv3d, neighbour_table, spconv_available
 
 

@@ -1,4 +1,4 @@
-"""Grid pooling/unpooling and patch grouping of serialized points.
+"""Grid pooling/unpooling and patch grouping of serialized points (point clouds, voxels, tokens).
 
 Points travel as flat tensors (all batch elements concatenated) with a ``batch`` index per
 point; reductions use torch's own ``scatter_reduce`` (no torch-scatter).
@@ -100,3 +100,18 @@ def make_patches(perm: Tensor, batch: Tensor, patch_size: int) -> Patches:
     slot = torch.empty_like(flat)
     slot[perm] = flat
     return Patches(index=index.view(-1, patch_size), slot=slot)
+
+
+def padded_per_sample(values: Tensor, batch: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(N, C) flat -> (B, Nmax, C) padded, (B, Nmax) valid mask, (N,) flat slot of each point."""
+    counts = torch.bincount(batch)
+    n_max = int(counts.max())
+    order = torch.argsort(batch, stable=True)
+    start = torch.cumsum(counts, 0) - counts
+    slot = torch.empty_like(batch)
+    slot[order] = batch[order] * n_max + torch.arange(len(batch), device=batch.device) - start[batch[order]]
+    out = values.new_zeros(len(counts) * n_max, values.shape[-1])
+    out[slot] = values
+    valid = torch.zeros(len(counts) * n_max, dtype=torch.bool, device=batch.device)
+    valid[slot] = True
+    return out.view(len(counts), n_max, -1), valid.view(len(counts), n_max), slot

@@ -1,0 +1,55 @@
+"""Samples -> batches for the detector, and the data module over the three splits.
+
+A sample is a dict of tensors: ``points`` (M, C >= 3: x, y, z, intensity, ...) in the ego
+frame, ``images`` (V, 3, H, W) in [0, 1], ``intrinsics`` (V, 3, 3), ``cam_to_ego`` (V, 4, 4),
+``boxes`` (K, 7: x, y, z, l, w, h, yaw) and ``labels`` (K,). A batch concatenates the points
+with a ``point_batch`` index, stacks the images and calibration, and keeps boxes and labels
+as per-sample lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from pe_bench.harness.data import SplitDataModule
+
+
+def collate(samples: list[dict[str, Tensor]]) -> dict:
+    return {
+        "points": torch.cat([s["points"] for s in samples]),
+        "point_batch": torch.cat([torch.full((len(s["points"]),), i, dtype=torch.long) for i, s in enumerate(samples)]),
+        **{k: torch.stack([s[k] for s in samples]) for k in ("images", "intrinsics", "cam_to_ego")},
+        "boxes": [s["boxes"] for s in samples],
+        "labels": [s["labels"] for s in samples],
+    }
+
+
+class SampleList(Dataset):
+    """Samples from ``load(i)``, i < ``size`` (a list's ``__getitem__`` or a file reader)."""
+
+    def __init__(self, load: Callable[[int], dict[str, Tensor]], size: int) -> None:
+        self.load, self.size = load, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return self.load(i)
+
+
+class SceneDataModule(SplitDataModule):
+    collate_fn = staticmethod(collate)
+
+    def __init__(
+        self, make_splits: Callable[[], dict[str, Dataset]], batch_size: int, num_workers: int, seed: int
+    ) -> None:
+        super().__init__(batch_size, num_workers, seed)
+        self.make_splits = make_splits
+
+    def setup(self, stage: str | None = None) -> None:
+        if not self.splits:
+            self.splits = self.make_splits()

@@ -1,0 +1,167 @@
+"""nuScenes v1.0 samples through the nuscenes-devkit (``pip install nuscenes-devkit``), for the
+``paper`` profile. The devkit is optional: it is imported only here, when the profile runs.
+
+A sample, in the frame of its LIDAR_TOP keyframe (UniTR's frame; x forward, z up):
+
+* ``points`` (N, 5): ``sweeps`` LiDAR sweeps accumulated by the devkit
+  (``LidarPointCloud.from_file_multisweep``): x, y, z, intensity, time lag (s);
+* ``images`` (6, 3, H, W): the six cameras, resized by ``image_resize`` (UniTR's test-time
+  0.48: 1600x900 -> 768x432) and cropped to ``image_size``, centred in width and keeping
+  the bottom rows (BEVFusion's crop); ``intrinsics`` adjusted to match;
+* ``cam_to_ego`` (6, 4, 4): camera -> ego (at the camera's time) -> global -> ego (at the
+  LiDAR's time) -> LiDAR;
+* ``boxes`` (K, 7: x, y, z, l, w, h, yaw) and ``labels`` (K,): annotations mapped to the
+  detection classes by the devkit's ``category_to_detection_name``; boxes without a LiDAR or
+  radar point are dropped, as the devkit's evaluation drops them.
+
+Not verified against the real dataset in this repository (no copy here); the layout and
+the devkit calls follow the devkit's documentation and tutorials.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pe_bench.harness.data import DatasetMissingError
+
+CAMERAS = ("CAM_FRONT", "CAM_FRONT_RIGHT", "CAM_FRONT_LEFT", "CAM_BACK", "CAM_BACK_LEFT", "CAM_BACK_RIGHT")
+INSTALL = "pip install nuscenes-devkit"
+#: version -> (train split, val split) in ``nuscenes.utils.splits.create_splits_scenes()``
+SPLITS = {"v1.0-trainval": ("train", "val"), "v1.0-mini": ("mini_train", "mini_val")}
+
+
+def require_devkit() -> None:
+    """Raise a clear error when the optional nuscenes-devkit is missing."""
+    try:
+        importlib.import_module("nuscenes")
+    except ImportError as err:
+        raise ImportError(
+            f"the nuscenes paper profile reads nuScenes through the nuscenes-devkit, which is not installed: "
+            f"{INSTALL} (or run --profile tiny, which needs no dataset)"
+        ) from err
+
+
+def _matrix(record: dict) -> np.ndarray:
+    """4 x 4 pose of a calibrated_sensor or ego_pose record (maps its frame to the parent frame)."""
+    from nuscenes.utils.geometry_utils import transform_matrix
+    from pyquaternion import Quaternion
+
+    return transform_matrix(record["translation"], Quaternion(record["rotation"]))
+
+
+class NuScenesReader:
+    def __init__(
+        self,
+        root: Path,
+        version: str,
+        classes: list[str],
+        image_size: tuple[int, int],
+        sweeps: int,
+        point_channels: int,
+        image_resize: float = 0.48,
+    ) -> None:
+        self.root, self.version, self.classes = Path(root), version, list(classes)
+        self.image_size, self.image_resize = image_size, image_resize
+        self.sweeps, self.point_channels = sweeps, point_channels
+        self._nusc = None
+
+    def check(self) -> None:
+        require_devkit()
+        if self.version not in SPLITS:
+            raise ValueError(f"data.version {self.version!r}: known versions are {', '.join(SPLITS)}")
+        tables = self.root / self.version
+        if not (tables / "sample.json").is_file():
+            raise DatasetMissingError(
+                f"nuScenes {self.version} not found at {self.root}: expected {tables}/sample.json and samples/, "
+                f"sweeps/ beside it (the layout of the nuScenes download from nuscenes.org; set --data-root so "
+                f"that DATA_ROOT/nuscenes is that folder)"
+            )
+        if self.point_channels != 5:
+            raise ValueError(
+                f"data.point_channels: nuScenes points have 5 (x, y, z, intensity, time), not {self.point_channels}"
+            )
+
+    @property
+    def nusc(self):
+        if self._nusc is None:
+            self.check()
+            from nuscenes.nuscenes import NuScenes
+
+            self._nusc = NuScenes(version=self.version, dataroot=str(self.root), verbose=False)
+        return self._nusc
+
+    def split(self, name: str) -> list[str]:
+        """Sample tokens of the official ``train`` or ``val`` split."""
+        from nuscenes.utils.splits import create_splits_scenes
+
+        scenes = set(create_splits_scenes()[SPLITS[self.version][0 if name == "train" else 1]])
+        return [s["token"] for s in self.nusc.sample if self.nusc.get("scene", s["scene_token"])["name"] in scenes]
+
+    def sample(self, token: str) -> dict[str, Tensor]:
+        from nuscenes.eval.detection.utils import category_to_detection_name
+        from nuscenes.utils.data_classes import LidarPointCloud
+
+        nusc = self.nusc
+        record = nusc.get("sample", token)
+        lidar = nusc.get("sample_data", record["data"]["LIDAR_TOP"])
+        cloud, times = LidarPointCloud.from_file_multisweep(nusc, record, "LIDAR_TOP", "LIDAR_TOP", nsweeps=self.sweeps)
+        points = np.concatenate([cloud.points[:4].T, times.T], axis=1).astype(np.float32)
+
+        lidar_to_ego = _matrix(nusc.get("calibrated_sensor", lidar["calibrated_sensor_token"]))
+        ego_to_global = _matrix(nusc.get("ego_pose", lidar["ego_pose_token"]))
+        global_to_lidar = np.linalg.inv(ego_to_global @ lidar_to_ego)
+        images, intrinsics, poses = [], [], []
+        for channel in CAMERAS:
+            cam = nusc.get("sample_data", record["data"][channel])
+            sensor = nusc.get("calibrated_sensor", cam["calibrated_sensor_token"])
+            cam_to_global = _matrix(nusc.get("ego_pose", cam["ego_pose_token"])) @ _matrix(sensor)
+            image, K = self._image(self.root / cam["filename"], np.array(sensor["camera_intrinsic"]))
+            images.append(image)
+            intrinsics.append(K)
+            poses.append(global_to_lidar @ cam_to_global)
+
+        _, annotations, _ = nusc.get_sample_data(lidar["token"])
+        boxes, labels = [], []
+        for box in annotations:
+            name = category_to_detection_name(box.name)
+            ann = nusc.get("sample_annotation", box.token)
+            if name not in self.classes or ann["num_lidar_pts"] + ann["num_radar_pts"] == 0:
+                continue
+            w, length, h = box.wlh
+            boxes.append([*box.center, length, w, h, box.orientation.yaw_pitch_roll[0]])
+            labels.append(self.classes.index(name))
+        return {
+            "points": torch.from_numpy(points),
+            "images": torch.stack(images),
+            "intrinsics": torch.from_numpy(np.stack(intrinsics)).float(),
+            "cam_to_ego": torch.from_numpy(np.stack(poses)).float(),
+            "boxes": torch.tensor(boxes, dtype=torch.float32).reshape(-1, 7),
+            "labels": torch.tensor(labels, dtype=torch.long),
+        }
+
+    def _image(self, path: Path, K: np.ndarray) -> tuple[Tensor, np.ndarray]:
+        """Resize, crop (centred in width, bottom rows kept) and the matching intrinsics."""
+        from PIL import Image
+
+        width, height = self.image_size
+        with Image.open(path) as img:
+            new_w, new_h = round(img.width * self.image_resize), round(img.height * self.image_resize)
+            if new_w < width or new_h < height:
+                raise ValueError(
+                    f"{path}: {img.width}x{img.height} x image_resize {self.image_resize} is smaller than "
+                    f"data.image_size {width}x{height}"
+                )
+            left, top = (new_w - width) // 2, new_h - height
+            img = img.convert("RGB").resize((new_w, new_h), Image.BILINEAR)
+            img = img.crop((left, top, left + width, top + height))
+            pixels = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1)
+        K = K.astype(np.float64).copy()
+        K[:2] *= self.image_resize
+        K[0, 2] -= left
+        K[1, 2] -= top
+        return pixels, K
