@@ -422,7 +422,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from pe_bench.harness.reports.bench import pape_precision_table
 
         precision = pape_precision_table()
-        print("## PaPE softmax total variation against float64 (bf16 autocast, CPU)", precision.to_markdown(), sep="\n")
+        title = "## PaPE softmax total variation against float64 (bf16 autocast, CPU)"
+        print(title, precision.to_markdown(floatfmt=".2g"), sep="\n")
         return 0
     methods = TABLE4_METHODS if args.methods is None else tuple(m.strip() for m in _split_methods(args.methods))
     batches = tuple(args.batch)
