@@ -29,6 +29,7 @@ from pe_bench.adapters import EncodingFactory
 from pe_bench.adapters.base import positional_parameters
 from pe_bench.tasks import Task, get_task
 
+from ..compile import maybe_compile
 from ..config import RunConfig, deep_merge, load_run_config
 from ..module import DivergedError
 from ..reports.tables import write_extra_tables
@@ -94,7 +95,7 @@ def _train_and_test(
 
     config = task.config
     L.seed_everything(seed, workers=True, verbose=False)
-    model = task.build_model(make_encoding)
+    model = maybe_compile(task.build_model(make_encoding), config.trainer)  # trainer.compile (auto: on CUDA)
     module = task.lightning_module(model)
     data = task.datamodule(seed)
     monitor = f"val/{task.metric}"
