@@ -1,6 +1,3 @@
-"""Shared test settings: where the repository is."""
-
-from pathlib import Path
-
-#: the repository root (README.md, examples/, pyproject.toml)
-REPO_ROOT = Path(__file__).resolve().parents[1]
+"""Shared test settings. (Tests find the repository root as ``Path(__file__).parents[N]``:
+importing this module by name would be ambiguous, since test folders have conftest files of
+their own.)"""

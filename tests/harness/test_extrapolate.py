@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import REPO_ROOT
 
 from pe_bench.harness.cli import main
 from pe_bench.harness.config import load_run_config, parse_overrides
@@ -18,6 +17,8 @@ from pe_bench.harness.grid import store
 from pe_bench.harness.grid.methods import parse_method
 from pe_bench.harness.grid.runner import resolved_config
 from pe_bench.harness.reports import extrapolate as ex
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 SMALL = [
     "--set", "optim.epochs=1", "--set", "data.train_size=64", "--set", "data.val_size=32",

@@ -1,7 +1,10 @@
 """The installed import paths and the folders agree (pyproject maps top-level folders)."""
 
+from pathlib import Path
+
 import tomllib
-from conftest import REPO_ROOT
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 MAPPED = {folder: f"pe_bench.{folder}" for folder in ("harness", "adapters", "tasks", "configs")}
 

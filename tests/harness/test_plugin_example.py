@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT as ROOT
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 EXAMPLE = ROOT / "examples" / "plugin"
 
