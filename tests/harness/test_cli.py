@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 from pe_bench.harness.cli import main
 
 
 def test_list_tasks_and_methods(capsys):
     assert main(["list", "tasks"]) == 0
     out = capsys.readouterr().out
-    assert "imagenet" in out and "coco" in out and "(not implemented yet)" in out and "pape-table1" in out
+    for task in ("imagenet", "coco", "gen1", "nuscenes"):  # every column of PaPE Table 1 is implemented
+        assert re.search(rf"^{task} +profiles: tiny, paper", out, re.MULTILINE), out
+    assert "(not implemented yet)" not in out and "pape-table1" in out
     assert main(["list", "methods"]) == 0
     out = capsys.readouterr().out
     assert "pape" in out and "lookhere" in out and "grids only" in out
