@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from pe_bench.harness.data import DatasetMissingError
+from pe_bench.tasks._shared.data_checks import CorruptFileError
 
 CAMERAS = ("CAM_FRONT", "CAM_FRONT_RIGHT", "CAM_FRONT_LEFT", "CAM_BACK", "CAM_BACK_LEFT", "CAM_BACK_RIGHT")
 INSTALL = "pip install nuscenes-devkit"
@@ -44,6 +45,26 @@ def require_devkit() -> None:
             f"the nuscenes paper profile reads nuScenes through the nuscenes-devkit, which is not installed: "
             f"{INSTALL} (or run --profile tiny, which needs no dataset)"
         ) from err
+
+
+def check_sample_file(path: str) -> None:
+    """Raise :class:`CorruptFileError` when a keyframe's LiDAR (.pcd.bin: float32 x 5 per
+    point) or camera (.jpg) file is missing or unreadable."""
+    file = Path(path)
+    if not file.is_file():
+        raise CorruptFileError(path, "missing")
+    if file.name.endswith(".bin"):
+        size = file.stat().st_size
+        if size == 0 or size % (5 * 4):
+            raise CorruptFileError(path, f"{size} bytes is not a whole number of 5-float points")
+        return
+    from PIL import Image
+
+    try:
+        with Image.open(file) as img:
+            img.verify()
+    except Exception as err:  # PIL raises several types for broken images
+        raise CorruptFileError(path, f"unreadable image ({type(err).__name__}: {err})") from None
 
 
 def _matrix(record: dict) -> np.ndarray:
@@ -101,6 +122,13 @@ class NuScenesReader:
 
         scenes = set(create_splits_scenes()[SPLITS[self.version][0 if name == "train" else 1]])
         return [s["token"] for s in self.nusc.sample if self.nusc.get("scene", s["scene_token"])["name"] in scenes]
+
+    def sample_files(self) -> list[str]:
+        """The LiDAR and camera files of every keyframe (the sweeps before them are not listed)."""
+        nusc = self.nusc
+        channels = ("LIDAR_TOP", *CAMERAS)
+        files = (nusc.get("sample_data", s["data"][c])["filename"] for s in nusc.sample for c in channels)
+        return [str(self.root / name) for name in files]
 
     def sample(self, token: str) -> dict[str, Tensor]:
         from nuscenes.eval.detection.utils import category_to_detection_name

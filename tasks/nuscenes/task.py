@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import ConfigError, ModelConfig, Strict
+from pe_bench.tasks._shared.data_checks import DataReport, scan_files
 
 from ..base import Task
 from .data import SampleList, SceneDataModule
@@ -132,9 +133,20 @@ class NuScenes(Task):
     def lightning_module(self, model: nn.Module) -> DetectionModule:
         return DetectionModule(model, self.data.classes, self.config.optim)
 
-    def check_data(self) -> None:
-        if self.data.source == "nuscenes":
-            self._reader().check()
+    def check_data(self, full: bool = False, workers: int = 1) -> DataReport:
+        report = DataReport(self.name)
+        if self.data.source != "nuscenes":
+            report.notes.append("generated data: nothing on disk to check")
+            return report
+        reader = self._reader()
+        reader.check()
+        report.notes.append(f"nuScenes {self.data.version} tables at {reader.root}")
+        if full:
+            from .devkit import check_sample_file
+
+            files = reader.sample_files()
+            report.checked, report.broken = len(files), scan_files(files, check_sample_file, workers)
+        return report
 
     def _reader(self):
         from .devkit import NuScenesReader

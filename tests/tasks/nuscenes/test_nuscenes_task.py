@@ -6,7 +6,9 @@ import sys
 import time
 import types
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from pe_bench.harness.config import ConfigError, load_run_config
 from pe_bench.harness.data import DatasetMissingError
@@ -14,6 +16,8 @@ from pe_bench.harness.grid import store
 from pe_bench.harness.grid.methods import parse_method
 from pe_bench.harness.grid.runner import GridRequest, run_cell
 from pe_bench.tasks import get_task, resolve_tasks
+from pe_bench.tasks._shared.data_checks import scan_files
+from pe_bench.tasks.nuscenes.devkit import check_sample_file
 from pe_bench.tasks.nuscenes.task import NuScenesModelConfig
 
 
@@ -59,6 +63,23 @@ def test_paper_data_missing_names_the_folder(monkeypatch, tmp_path):
     task = get_task("nuscenes")(load_run_config("nuscenes", "paper"), tmp_path)
     with pytest.raises(DatasetMissingError, match=str(tmp_path / "nuscenes" / "v1.0-trainval")):
         task.check_data()
+
+
+def test_generated_data_has_nothing_to_check():
+    report = get_task("nuscenes")(load_run_config("nuscenes", "tiny")).check_data(full=True)
+    assert report.ok and report.checked == 0 and "generated" in report.notes[0]
+
+
+def test_sample_files_are_checked(tmp_path):
+    good_bin, bad_bin, bad_jpg, good_jpg = (tmp_path / n for n in ("a.pcd.bin", "b.pcd.bin", "c.jpg", "d.jpg"))
+    np.zeros((7, 5), dtype=np.float32).tofile(good_bin)
+    np.zeros(7, dtype=np.float32).tofile(bad_bin)
+    bad_jpg.write_bytes(b"not a jpeg")
+    Image.new("RGB", (4, 4)).save(good_jpg)
+    files = [str(p) for p in (good_bin, bad_bin, bad_jpg, good_jpg, tmp_path / "gone.jpg")]
+    broken = dict(scan_files(files, check_sample_file))
+    assert set(broken) == {str(bad_bin), str(bad_jpg), str(tmp_path / "gone.jpg")}
+    assert "5-float points" in broken[str(bad_bin)] and broken[str(tmp_path / "gone.jpg")] == "missing"
 
 
 SHORT = {
