@@ -22,11 +22,39 @@ class Clusters:
     coord: Tensor  # (M, 3) mean metric position of the children
 
 
-def segment_reduce(values: Tensor, index: Tensor, size: int, reduce: str) -> Tensor:
-    """Reduce rows of ``values`` (N, C) into ``size`` groups by ``index`` (N,): "mean"/"amax"/"sum"."""
+def _scatter(values: Tensor, index: Tensor, size: int, reduce: str) -> Tensor:
     out = values.new_zeros(size, values.shape[1])
-    idx = index[:, None].expand_as(values)
-    return out.scatter_reduce(0, idx, values, reduce=reduce, include_self=False)
+    return out.scatter_reduce(0, index[:, None].expand_as(values), values, reduce=reduce, include_self=False)
+
+
+class _SegmentMax(torch.autograd.Function):
+    """``scatter_reduce(amax)`` with a hand-written backward: torch's own backward of it is about
+    10x slower on CPU (183 vs 18 ms for 24k x 64 values into 2.4k groups, measured) and was the
+    largest single cost of a tiny nuScenes training step. The gradient is shared evenly by the
+    rows that tie for a group's maximum, as torch shares it, except that torch also counts the
+    excluded zero initial value as a tie when the maximum is 0 (ReLU outputs), losing that
+    share of the gradient; here a group always passes on all of it."""
+
+    @staticmethod
+    def forward(ctx, values: Tensor, index: Tensor, size: int) -> Tensor:  # type: ignore[override]
+        out = _scatter(values, index, size, "amax")
+        ctx.save_for_backward(values, index, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+        values, index, out = ctx.saved_tensors
+        winners = (values == out[index]).to(grad.dtype)
+        ties = torch.zeros_like(out).index_add_(0, index, winners).clamp_min_(1)
+        return winners * (grad / ties)[index], None, None
+
+
+def segment_reduce(values: Tensor, index: Tensor, size: int, reduce: str) -> Tensor:
+    """Reduce rows of ``values`` (N, C) into ``size`` groups by ``index`` (N,): "mean"/"amax"/"sum".
+    Empty groups are 0."""
+    if reduce == "amax" and values.requires_grad:
+        return _SegmentMax.apply(values, index, size)
+    return _scatter(values, index, size, reduce)
 
 
 def grid_pool(grid_coord: Tensor, batch: Tensor, coord: Tensor, stride: int) -> Clusters:

@@ -107,6 +107,34 @@ def test_grid_pool_and_unpool_round_trip():
     torch.testing.assert_close(segment_reduce(child, clusters.inverse, len(parent_value), "mean"), parent_value)
 
 
+@pytest.mark.parametrize("ties", [False, True])
+def test_segment_max_gradient_equals_torchs_scatter_reduce_backward(ties):
+    """The hand-written backward of "amax" (faster on CPU) must give torch's gradient, ties
+    (ReLU zeros, repeated values) shared evenly, empty groups included."""
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(300, 6, generator=g)
+    if ties:
+        values = values.round().clamp_min(0)  # many exact ties, as after a ReLU
+    index = torch.randint(0, 40, (300,), generator=g)  # groups 40..44 stay empty
+    upstream = torch.randn(45, 6, generator=g)
+    ours = values.clone().requires_grad_(True)
+    segment_reduce(ours, index, 45, "amax").backward(upstream)
+    # The reference starts from -inf: torch's backward counts the excluded initial value as one
+    # more tie when it equals the maximum (a group whose maximum is 0 over zeros would lose a
+    # share of its gradient); ours does not.
+    reference = values.clone().requires_grad_(True)
+    out = reference.new_full((45, 6), float("-inf")).scatter_reduce(
+        0, index[:, None].expand(-1, 6), reference, reduce="amax", include_self=False
+    )
+    out.backward(upstream)
+    forward = segment_reduce(values, index, 45, "amax")
+    assert torch.equal(forward[:40], out.detach()[:40]) and not forward[40:].any()
+    torch.testing.assert_close(ours.grad, reference.grad)
+    if ties:  # every group hands on all of its gradient
+        members = torch.zeros(45, 6).index_add_(0, index, ours.grad)
+        torch.testing.assert_close(members[:40], upstream[:40])
+
+
 def test_patches_cover_every_point_once_and_never_span_samples():
     counts = [5, 130, 64, 1]
     batch = torch.cat([torch.full((n,), i) for i, n in enumerate(counts)])
