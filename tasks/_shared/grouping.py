@@ -57,12 +57,32 @@ def segment_reduce(values: Tensor, index: Tensor, size: int, reduce: str) -> Ten
     return _scatter(values, index, size, reduce)
 
 
+def unique_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """``torch.unique(rows, dim=0, return_inverse=True)`` for (N, k) integer rows, through one
+    int64 key per row: the same sorted rows and inverse, but torch's row-wise unique compares
+    rows one pair at a time on CPU (27 ms for the 24k voxels of a tiny nuScenes batch, most of
+    a pooling step). Mixed-radix keys keep the lexicographic order of the rows."""
+    if rows.shape[0] == 0:
+        return rows, rows.new_zeros(0)
+    low = rows.amin(0)
+    shifted = rows - low
+    extent = shifted.amax(0) + 1
+    key = torch.zeros_like(shifted[:, 0])
+    for column, size in zip(shifted.unbind(1), extent.tolist(), strict=True):
+        key = key * size + column
+    keys, inverse = torch.unique(key, return_inverse=True)
+    digits = []
+    for size in reversed(extent.tolist()):
+        digits.append(keys % size)
+        keys = torch.div(keys, size, rounding_mode="floor")
+    return torch.stack(digits[::-1], dim=1) + low, inverse
+
+
 def grid_pool(grid_coord: Tensor, batch: Tensor, coord: Tensor, stride: int) -> Clusters:
     """Group points into voxels ``stride`` times larger (PTv3's SerializedPooling groups the same
     points: dropping 3 log2(stride) code bits = integer division of the voxel coordinates)."""
     parent = torch.div(grid_coord, stride, rounding_mode="floor")
-    keys = torch.cat([batch[:, None], parent], dim=1)
-    unique, inverse = torch.unique(keys, dim=0, return_inverse=True)
+    unique, inverse = unique_rows(torch.cat([batch[:, None], parent], dim=1))
     return Clusters(
         grid_coord=unique[:, 1:],
         batch=unique[:, 0],

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from pe_bench.adapters import PositionLayout, build
 from pe_bench.harness.blocks import EncoderBlock
-from pe_bench.tasks._shared.grouping import grid_pool, grid_unpool, make_patches, segment_reduce
+from pe_bench.tasks._shared.grouping import grid_pool, grid_unpool, make_patches, segment_reduce, unique_rows
 from pe_bench.tasks._shared.serialization import ORDERS, encode, serialize
 from pe_bench.tasks.points.ptv3 import points_geometry
 from pe_bench.tasks.points.sparse_conv import SubMConv3d, neighbour_table, spconv_available
@@ -175,3 +175,14 @@ def test_neighbours_never_cross_batch_elements_even_for_large_batches():
     found = table < len(batch)
     assert torch.equal(batch[table[found]], batch[:, None].expand_as(table)[found])
     assert torch.equal(found[: len(grid_coord)].repeat(40, 1), found)
+
+
+def test_unique_rows_equals_torch_unique_over_rows():
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randint(-5, 6, (500, 4), generator=g)
+    rows[:, 0] = torch.randint(0, 3, (500,), generator=g)  # a batch column
+    expected, expected_inverse = torch.unique(rows, dim=0, return_inverse=True)
+    unique, inverse = unique_rows(rows)
+    assert torch.equal(unique, expected) and torch.equal(inverse, expected_inverse)
+    empty, empty_inverse = unique_rows(rows[:0])
+    assert empty.shape == (0, 4) and empty_inverse.shape == (0,)
