@@ -168,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--throughput-batch", type=_ints, default=[1, 128], help="batches of the img/s table")
     bench.add_argument("--pape-precision", action="store_true", help="only PaPE's bf16 softmax error vs float64")
+    bench.add_argument("--grid", action="store_true", help="only the wall time of a tiny grid: 1 vs N jobs vs Ray")
+    bench.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="--grid: N of --jobs N (default: cores)")
+    bench.add_argument("--grid-tasks", default="imagenet,ucf101", help="--grid: the grid's tasks")
+    bench.add_argument("--grid-methods", default="nopos,rope,pape", help="--grid: the grid's methods")
+    bench.add_argument("--grid-epochs", type=int, default=3, help="--grid: epochs of every cell")
+    bench.add_argument("--no-ray", dest="ray", action="store_false", help="--grid: leave the Ray executor out")
 
     extrapolate = sub.add_parser("extrapolate", help="evaluate stored checkpoints at other resolutions")
     extrapolate.add_argument("--task", default="imagenet")
@@ -418,6 +424,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         figures = get_task(args.task).benchmark(args.device)
         print(figures or f"task {args.task!r} has no benchmark of its own")
         return 0
+    if args.grid:
+        return _grid_bench(args)
     if args.pape_precision:
         from pe_bench.harness.reports.bench import pape_precision_table
 
@@ -461,6 +469,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
         forward.to_csv(args.out / "bench.csv")
         if sweep is not None:
             sweep.to_csv(args.out / "bench_sweep.csv")
+    return 0
+
+
+def _grid_bench(args: argparse.Namespace) -> int:
+    from pe_bench.harness.reports.grid_bench import GridBenchSpec, grid_bench
+
+    if args.jobs < 2:
+        raise ValueError(f"bench --grid compares 1 job with --jobs N: N must be at least 2, got {args.jobs}")
+    spec = GridBenchSpec(
+        args.grid_tasks, args.grid_methods, "0", (f"optim.epochs={args.grid_epochs}",), args.jobs, args.ray
+    )
+    table = grid_bench(spec, say=lambda line: print(line, flush=True))
+    title = (
+        f"## Wall time of one tiny grid ({spec.tasks} x {spec.methods}, {args.grid_epochs} epochs) per executor,"
+        f" {os.cpu_count()} cores; speed-up over --jobs 1 in the same invocation"
+    )
+    print(title, table.to_markdown(floatfmt=".3g"), sep="\n")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_grid.md").write_text(f"{title}\n{table.to_markdown(floatfmt='.3g')}\n")
+        table.to_csv(args.out / "bench_grid.csv")
     return 0
 
 
