@@ -68,15 +68,23 @@ to 8 significant bits) and masks with -finfo(bfloat16).max; pe-bench computes in
 dtype of its buffers (float32, or float64 after ``.double()``) and masks with -inf. The
 release's CLS token gets a zero bias row and column (unbiased, never masked), as here.
 pe-bench computes the masks from the layout's coordinates rather than grid indices, so
-they also hold for interpolated (scaled) positions; tokens without a position (CLS) and
-padding get no bias and no mask, and a padding query row stays finite so nothing NaN can
-reach later layers. If a positioned query could see no admissible key at all (cross-
-attention layouts without its own position, causal masking), its row keeps the distance
-bias but drops the direction mask.
+they also hold for interpolated (scaled) positions; tokens without a position (CLS) get
+no bias and no mask (padding keys are masked by the attention core). No row is ever left
+fully masked: a padding query's row, and the row of a positioned query that could see no
+admissible key at all (cross-attention layouts without its own position), keeps the
+distance bias but drops the direction mask, so padding rows stay finite and nothing NaN
+reaches later layers. In self-attention a valid positioned query always sees itself, so
+only padding rows are affected.
+
+FlexAttention form (``score_mod``, used on CUDA): the same bias and fields of view,
+computed per (head, query, key) from the (B, N, 2) coordinates and per-head slopes and
+half-plane normals inside the kernel, with -inf outside the view; nothing N x N is
+stored. The per-row drop flags above need no pass over the keys in self-attention; a
+cross-attention layer computes them in one chunked pass (linear memory).
 
 The bias depends on r_j - r_i only (translation invariance), decreases with distance
 inside the field of view (distance decay) and depends on direction (directionality);
-the masks break rotation invariance, and the N x N bias rules out the fused kernel.
+the masks break rotation invariance, and the bias rules out SDPA's fused kernels.
 """
 
 from __future__ import annotations
@@ -89,7 +97,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle
+from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle, ScoreMod
 from .registry import register
 
 #: Compass directions as (d_row, d_col) normals; "up" is -row on an image.
@@ -199,48 +207,138 @@ class LookHereLayer(LayerEncoding):
             for k, name in enumerate(directions):
                 normals[h, k] = torch.tensor(COMPASS[name], dtype=normals.dtype)
         slopes = torch.tensor([options.global_slope * layer_slope * m for _, m in heads], dtype=torch.float64)
-        self.register_buffer("normals", normals, persistent=False)
+        # (H, K, 3): per head and constraint, the normal's row and column components and its
+        # length. One tensor the score_mod indexes, not K views of one: Inductor's CPU
+        # FlexAttention template rejects closed-over tensors that alias each other.
+        half_planes = torch.cat([normals, normals.norm(dim=-1, keepdim=True)], dim=-1)
+        self.register_buffer("half_planes", half_planes, persistent=False)
         self.register_buffer("slopes", slopes.float(), persistent=False)
         self.fields_of_view = [directions for directions, _ in heads]
 
     def visibility(self, delta: Tensor, dist: Tensor) -> Tensor:
         """(B, Nq, Nk, 2) offsets r_j - r_i -> (B, H, Nq, Nk) True where j is in head h's view."""
-        # The normals are integer vectors, so on integer grids n . d is exact and the
-        # boundary rays are exactly inside; the small relative slack keeps boundary keys
-        # inside when positions were scaled (interpolation) and round-off breaks the tie.
-        slack = 64 * torch.finfo(delta.dtype).eps * dist.unsqueeze(1)
+        planes = self.half_planes[None, :, None, None]  # (1, H, 1, 1, K, 3)
+        d_row, d_col, dist = delta[..., 0].unsqueeze(1), delta[..., 1].unsqueeze(1), dist.unsqueeze(1)
         visible = None
-        for k in range(self.normals.shape[1]):
-            normal = self.normals[:, k]  # (H, 2)
-            along = torch.einsum("bqkp,hp->bhqk", delta, normal)
-            inside = along >= -slack * normal.norm(dim=-1)[None, :, None, None]
+        for k in range(self.half_planes.shape[1]):
+            inside = _in_half_plane(d_row, d_col, dist, planes[..., k, 0], planes[..., k, 1], planes[..., k, 2])
             visible = inside if visible is None else visible & inside
         return visible
 
+    def _coords(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        """Query and key positions in the buffers' dtype: float64 after model.double(), float32 otherwise."""
+        cq = inputs.query.coords.to(self.slopes.dtype)
+        return cq, cq if inputs.key is inputs.query else inputs.key.coords.to(self.slopes.dtype)
+
+    def unmasked_rows(self, inputs: AttentionInputs, visible: Tensor | None = None) -> Tensor | None:
+        """(B, H or 1, Nq) True for query rows whose direction mask is dropped (module doc):
+        padding queries, and positioned queries that would see no admissible key. None: none.
+
+        ``visible``: the dense (B, H, Nq, Nk) field of view, if already built. Without it, a
+        self-attention layer needs no pass over the keys (a valid positioned query sees
+        itself: d = 0 lies in every view, and causality keeps j = i), and cross-attention
+        makes one pass in chunks of queries, so memory stays linear in the keys.
+        """
+        padding = None if inputs.query.valid is None else ~inputs.query.valid[:, None, :]
+        if visible is not None:
+            blind = ~self._sees_a_key(visible, inputs, 0)
+        elif inputs.key is inputs.query:
+            return padding
+        else:
+            blind = self._blind_rows(inputs)
+        return blind if padding is None else blind | padding
+
+    def _blind_rows(self, inputs: AttentionInputs) -> Tensor:
+        """(B, H, Nq) True where a query sees no admissible key, without any N x N tensor."""
+        cq, ck = self._coords(inputs)
+        n_k = ck.shape[1]
+        rows = max(1, _CHUNK_ELEMENTS // (cq.shape[0] * self.slopes.shape[0] * n_k))
+        blind = []
+        for start in range(0, cq.shape[1], rows):
+            delta = ck.unsqueeze(1) - cq[:, start : start + rows].unsqueeze(2)
+            visible = self.visibility(delta, _distance(delta[..., 0], delta[..., 1]))
+            blind.append(~self._sees_a_key(visible, inputs, start))
+        return torch.cat(blind, dim=-1)
+
+    @staticmethod
+    def _sees_a_key(visible: Tensor, inputs: AttentionInputs, start: int) -> Tensor:
+        """(B, H, R) True where query rows start..start+R see a key they may attend to: valid,
+        not causally hidden, and in view or position-free (CLS is always in view)."""
+        key = inputs.key
+        n_rows, n_k, n_q = visible.shape[-2], visible.shape[-1], inputs.query.coords.shape[1]
+        admissible = visible | ~key.has_pos[:, None, None, :]
+        if key.valid is not None:
+            admissible &= key.valid[:, None, None, :]
+        if inputs.causal:
+            i = torch.arange(start, start + n_rows, device=visible.device)[:, None]
+            admissible &= torch.arange(n_k, device=visible.device) <= i + (n_k - n_q)
+        return admissible.any(-1)
+
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
         query, key = inputs.query, inputs.key
-        # Positions in the buffers' dtype: float64 after model.double(), float32 otherwise.
-        cq = query.coords.to(self.slopes.dtype)
-        ck = cq if key is query else key.coords.to(self.slopes.dtype)
+        cq, ck = self._coords(inputs)
         delta = ck.unsqueeze(1) - cq.unsqueeze(2)  # (B, Nq, Nk, 2): r_j - r_i
-        dist = delta.norm(dim=-1)
+        dist = _distance(delta[..., 0], delta[..., 1])
         visible = self.visibility(delta, dist)
         distance_bias = -self.slopes[:, None, None] * dist.unsqueeze(1)
 
-        # Which keys a query could attend to at all: valid, and not causally hidden.
-        n_q, n_k = cq.shape[1], ck.shape[1]
-        admissible = torch.ones(ck.shape[0], 1, 1, n_k, dtype=torch.bool, device=ck.device)
-        if key.valid is not None:
-            admissible = admissible & key.valid[:, None, None, :]
-        if inputs.causal:
-            admissible = admissible & torch.ones(n_q, n_k, dtype=torch.bool, device=ck.device).tril(n_k - n_q)
-        key_free = ~key.has_pos[:, None, None, :]  # CLS: always in view
-        sees_something = ((visible | key_free) & admissible).any(-1, keepdim=True)
-
         pair = query.has_pos[:, None, :, None] & key.has_pos[:, None, None, :]
-        masked = pair & ~visible & sees_something
+        masked = pair & ~visible & ~self.unmasked_rows(inputs, visible).unsqueeze(-1)
         out = torch.where(pair, distance_bias, torch.zeros_like(distance_bias))
         return out.masked_fill(masked, float("-inf"))
+
+    def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod:
+        # The fields of view go into the score_mod as -inf rather than into a mask_mod:
+        # they differ per head, and ``make_block_mask`` builds one mask for all heads; a
+        # per-head block mask would be evaluated for every (head, query, key) in every layer
+        # to skip only the blocks that lie wholly outside a view, which in row-major token
+        # order happens only for views that exclude all rows above or below the query (about
+        # half the blocks of 6 of LH-90's 12 heads, none of the rest). -inf in the scores is
+        # the same softmax, and the drop rule (module doc) leaves no row without a key, so
+        # no row is fully masked and nothing relies on the kernel's empty-row handling.
+        cq, ck = self._coords(inputs)
+        has_q, has_k = inputs.query.has_pos, inputs.key.has_pos
+        slopes, planes = self.slopes, self.half_planes
+        unmasked = self.unmasked_rows(inputs)
+        if unmasked is not None:  # (B, H, Nq), its own storage (see __init__ on aliasing)
+            unmasked = unmasked.expand(-1, slopes.shape[0], -1).contiguous()
+
+        def lookhere(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            d_row, d_col = ck[b, j, 0] - cq[b, i, 0], ck[b, j, 1] - cq[b, i, 1]
+            dist = _distance(d_row, d_col)
+            visible = None
+            for c in range(planes.shape[1]):
+                inside = _in_half_plane(d_row, d_col, dist, planes[h, c, 0], planes[h, c, 1], planes[h, c, 2])
+                visible = inside if visible is None else visible & inside
+            pair = has_q[b, i] & has_k[b, j]
+            bias = torch.where(pair, -slopes[h] * dist, 0.0)
+            masked = pair & ~visible
+            if unmasked is not None:
+                masked = masked & ~unmasked[b, h, i]
+            return score + torch.where(masked, float("-inf"), bias).to(score.dtype)
+
+        return lookhere
+
+
+def _distance(d_row: Tensor, d_col: Tensor) -> Tensor:
+    """Euclidean length of offsets, one expression for the dense bias and the score_mod."""
+    return (d_row.square() + d_col.square()).sqrt()
+
+
+#: Elements of one chunk of a cross-attention's (B, H, rows, Nk) field of view.
+_CHUNK_ELEMENTS = 1 << 24
+
+
+def _in_half_plane(
+    d_row: Tensor, d_col: Tensor, dist: Tensor, normal_row: Tensor, normal_col: Tensor, normal_norm: Tensor
+) -> Tensor:
+    """n . d >= 0 for offsets d and normals n (broadcast), shared by the dense bias and the
+    score_mod so that both decide every boundary key alike. The normals are integer vectors,
+    so on integer grids n . d is exact and the boundary rays are exactly inside; the small
+    relative slack keeps boundary keys inside when positions were scaled (interpolation)
+    and round-off breaks the tie. A zero normal (padding constraint) always holds."""
+    slack = 64 * torch.finfo(dist.dtype).eps * dist
+    return normal_row * d_row + normal_col * d_col >= -slack * normal_norm
 
 
 @register("lookhere")

@@ -36,7 +36,7 @@ def test_compile_setting_is_validated_by_name():
         load_run_config("imagenet", "tiny", parse_overrides(["trainer.compile=sometimes"]))
 
 
-@pytest.mark.parametrize("method", ["nopos", "alibi", "sape2"])
+@pytest.mark.parametrize("method", ["nopos", "alibi", "sape2", "lookhere"])
 def test_compiled_model_keeps_its_state_dict_and_outputs(method):
     """In place: checkpoints of compiled runs load into uncompiled models (extrapolation).
     With the flex policy the bias encodings' score_mods must trace in one graph."""

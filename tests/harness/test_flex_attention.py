@@ -27,6 +27,9 @@ FLEX_ENCODINGS = [
     ("pape", {"form": "explicit", "m": 3, "linear": False}),
     ("sape2", {}),
     ("sape2", {"mode": "q"}),
+    ("lookhere", {}),  # 4 heads: LH-90's four quadrants
+    ("lookhere", {"variant": "lh45"}),  # 45-degree eighths, half the plane unseen
+    ("lookhere", {"variant": "custom", "head_groups": ["triangles", "none"], "layer_slopes": [0.5, 0.5]}),
 ]
 
 no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -91,7 +94,7 @@ def test_flex_equals_the_dense_bias_reference(name, options, dtype, tol, padded,
     assert (_forward(unbiased, x, layout, "dense") - dense).abs().max() > 100 * tol
 
 
-CAUSAL = [("alibi", {}), ("relpos", {}), ("pape", {"form": "explicit", "m": 4}), ("sape2", {})]
+CAUSAL = [("alibi", {}), ("relpos", {}), ("pape", {"form": "explicit", "m": 4}), ("sape2", {}), ("lookhere", {})]
 
 
 @pytest.mark.parametrize(("name", "options"), CAUSAL)
