@@ -1,7 +1,8 @@
 """A LightningDataModule over ready-made train/val/test splits, shared by every task.
 
 Tasks fill ``splits`` in ``setup`` and, for variable-size samples, set ``collate_fn``;
-shuffling is seeded per cell so that a cell is reproducible.
+shuffling is seeded per cell so that a cell is reproducible. Validation and test loaders
+read their whole split in order in every process, also under DDP (:class:`WholeSplit`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
 class DatasetMissingError(FileNotFoundError):
@@ -33,6 +34,22 @@ def stratified_split(labels: np.ndarray, fraction: float, seed: int = 0) -> tupl
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
 
 
+class WholeSplit(DistributedSampler):
+    """Every sample of a split, in order, in every process: the sampler of evaluation loaders.
+
+    Under DDP Lightning would give a validation or test loader a padded DistributedSampler,
+    which repeats samples to even out the ranks, and not every task's metric is gathered
+    across ranks (BLEU is computed from the rank's own hypotheses). A loader whose sampler is
+    already a DistributedSampler is left as it is, so with this one each rank evaluates the
+    whole split, every sample once, and gets the single-process value (the DDP cell turns
+    off the metrics' cross-rank sync, harness/grid/ddp.py). Outside DDP it is a sequential
+    sampler.
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        super().__init__(dataset, num_replicas=1, rank=0, shuffle=False)
+
+
 class SplitDataModule(L.LightningDataModule):
     collate_fn: Callable[[list[Any]], Any] | None = None
 
@@ -48,6 +65,7 @@ class SplitDataModule(L.LightningDataModule):
             dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
+            sampler=None if shuffle else WholeSplit(dataset),
             # A last partial batch is dropped in training only, and only if it is not the sole one.
             drop_last=shuffle and len(dataset) > self.batch_size,
             num_workers=self.num_workers,

@@ -85,7 +85,12 @@ class TaskModule(L.LightningModule):
         loss = self.training_loss(batch)
         if not torch.isfinite(loss):
             raise DivergedError(f"non-finite training loss ({loss.item()}) at step {self.global_step}")
-        self.log("train/loss", loss, prog_bar=True, on_step=False, on_epoch=True, batch_size=self.batch_size_of(batch))
+        # sync_dist: under DDP the epoch's loss is the mean over every rank's batches (one
+        # all-reduce per epoch), as one process would log it.
+        self.log(
+            "train/loss", loss, prog_bar=True, on_step=False, on_epoch=True, batch_size=self.batch_size_of(batch),
+            sync_dist=True,
+        )  # fmt: skip
         return loss
 
     def extra_results(self) -> dict[str, Any]:

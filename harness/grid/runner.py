@@ -33,7 +33,7 @@ from ..compile import maybe_compile
 from ..config import RunConfig, deep_merge, load_run_config
 from ..module import DivergedError
 from ..reports.tables import write_extra_tables
-from . import store
+from . import ddp, store
 from .loggers import close_loggers, make_loggers
 from .methods import MethodSpec
 from .progress import EpochLog, best_epoch, print_flushed
@@ -73,6 +73,8 @@ def quiet_lightning() -> None:
         ".*LeafSpec.*",
         ".*Checkpoint directory.*exists and is not empty.*",
         ".*number of training batches.*smaller than the logging interval.*",
+        # A DDP cell's other epoch-level logs are rank 0's share, by design (harness/grid/ddp.py).
+        ".*when logging on epoch level in distributed setting.*",
     ):
         warnings.filterwarnings("ignore", message=pattern)
 
@@ -84,20 +86,24 @@ def resolve_precision(config: RunConfig) -> str:
     return "bf16-mixed" if on_gpu else "32-true"
 
 
-def _train_and_test(
-    task: Task, make_encoding: EncodingFactory, seed: int, workdir: Path, progress: bool, run_name: str = "",
-    grid: Path | None = None,
-) -> dict:  # fmt: skip
-    """Fit with validation every epoch, test the best-validation checkpoint. ``run_name``
-    (``task/method/seedN``) and ``grid`` (the results folder) name the run for trackers."""
+def _model_parts(task: Task, make_encoding: EncodingFactory, seed: int) -> tuple[Any, Any, Any]:
+    """The cell's model, Lightning module and data module, seeded."""
+    import lightning as L
+
+    L.seed_everything(seed, workers=True, verbose=False)
+    model = maybe_compile(task.build_model(make_encoding), task.config.trainer)  # trainer.compile (auto: on CUDA)
+    return model, task.lightning_module(model), task.datamodule(seed)
+
+
+def _fit_trainer(
+    task: Task, workdir: Path, progress: bool, run_name: str, grid: Path | None, callbacks: list[Any]
+) -> tuple[Any, Any, list[Any]]:
+    """The Trainer of a cell's fit (as ``trainer`` asks), its best-validation checkpoint and
+    its trackers."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     config = task.config
-    L.seed_everything(seed, workers=True, verbose=False)
-    model = maybe_compile(task.build_model(make_encoding), config.trainer)  # trainer.compile (auto: on CUDA)
-    module = task.lightning_module(model)
-    data = task.datamodule(seed)
     monitor = f"val/{task.metric}"
     checkpoint = ModelCheckpoint(
         dirpath=workdir,
@@ -120,23 +126,19 @@ def _train_and_test(
         precision=resolve_precision(config),
         gradient_clip_val=config.optim.grad_clip,
         max_time=config.trainer.max_time,
-        callbacks=[checkpoint, epochs],
+        callbacks=[checkpoint, epochs, *callbacks],
         logger=loggers or False,
         default_root_dir=workdir,
         enable_progress_bar=progress,
         enable_model_summary=False,
         log_every_n_steps=10,
     )
-    try:
-        start = time.perf_counter()
-        trainer.fit(module, datamodule=data)
-        train_seconds = time.perf_counter() - start
-        if not checkpoint.best_model_path:
-            raise RuntimeError(f"no checkpoint was saved: {monitor} was never logged")
-        tested = trainer.test(module, datamodule=data, ckpt_path=checkpoint.best_model_path, verbose=False)
-    finally:
-        close_loggers(loggers)
-    best_val = checkpoint.best_model_score
+    return trainer, checkpoint, loggers
+
+
+def _cell_result(task: Task, model: Any, module: Any, data: Any, tested: list[dict], fitted: dict) -> dict:
+    """The cell's numbers: the test metric of the best checkpoint and ``fitted`` (best_val,
+    best_epoch, train_seconds, the data module's extra results during the fit, if known)."""
     # Optional hook: a task's module may report more than its one metric (e.g. WER per
     # duration bin), its data module what the data did (e.g. corrupt samples skipped); both
     # land in the cell record's ``extra``.
@@ -144,15 +146,90 @@ def _train_and_test(
     for part in (module, data):
         extra_results = getattr(part, "extra_results", None)
         extra |= dict(extra_results()) if callable(extra_results) else {}
+    for key, value in fitted.get("data_extra", {}).items():  # counts of a fit in other processes add up
+        extra[key] = extra.get(key, 0) + value if isinstance(value, int | float) else value
     return {
         "extra_results": extra,
         "test": float(tested[0][f"test/{task.metric}"]),
-        "best_val": None if best_val is None else float(best_val),
-        "best_epoch": best_epoch(checkpoint.best_model_path),
-        "train_seconds": train_seconds,
+        "best_val": fitted["best_val"],
+        "best_epoch": fitted["best_epoch"],
+        "train_seconds": fitted["train_seconds"],
         "parameters": sum(p.numel() for p in model.parameters()),
         "positional_parameters": sum(p.numel() for _, p in positional_parameters(model)),
     }
+
+
+def _train_and_test(
+    task: Task, make_encoding: EncodingFactory, seed: int, workdir: Path, progress: bool, run_name: str = "",
+    grid: Path | None = None, cell: dict[str, Any] | None = None,
+) -> dict:  # fmt: skip
+    """Fit with validation every epoch, test the best-validation checkpoint. ``run_name``
+    (``task/method/seedN``) and ``grid`` (the results folder) name the run for trackers.
+    A cell on several devices is fitted by its own ranks (harness/grid/ddp.py), which
+    rebuild it from ``cell`` (task, profile, overrides, data_root, method)."""
+    if ddp.launches_ranks(task.config.trainer):
+        if cell is None:
+            raise ValueError("a DDP cell needs its description (cell=...): its ranks rebuild it from that")
+        ranks = cell | {"seed": seed, "workdir": str(workdir), "progress": progress, "run_name": run_name}
+        fitted = ddp.fit_in_ranks(workdir, ranks | {"grid": None if grid is None else str(grid)})
+        return _test_fitted(task, make_encoding, seed, workdir, progress, fitted)
+    model, module, data = _model_parts(task, make_encoding, seed)
+    trainer, checkpoint, loggers = _fit_trainer(task, workdir, progress, run_name, grid, [])
+    try:
+        start = time.perf_counter()
+        trainer.fit(module, datamodule=data)
+        train_seconds = time.perf_counter() - start
+        if not checkpoint.best_model_path:
+            raise RuntimeError(f"no checkpoint was saved: val/{task.metric} was never logged")
+        tested = trainer.test(module, datamodule=data, ckpt_path=checkpoint.best_model_path, verbose=False)
+    finally:
+        close_loggers(loggers)
+    best_val = checkpoint.best_model_score
+    fitted = {
+        "best_val": None if best_val is None else float(best_val),
+        "best_epoch": best_epoch(checkpoint.best_model_path),
+        "train_seconds": train_seconds,
+    }
+    return _cell_result(task, model, module, data, tested, fitted)
+
+
+def fit_ranks(
+    task: Task, make_encoding: EncodingFactory, seed: int, workdir: Path, progress: bool, run_name: str,
+    grid: Path | None, summary: Any,
+) -> None:  # fmt: skip
+    """The fit of one rank of a DDP cell (``python -m pe_bench.harness.grid.ddp``); rank 0
+    writes the checkpoint, metrics.csv and the ``summary`` callback's file."""
+    _, module, data = _model_parts(task, make_encoding, seed)
+    ddp.local_metrics(module)
+    trainer, _, loggers = _fit_trainer(task, workdir, progress, run_name, grid, [summary])
+    try:
+        trainer.fit(module, datamodule=data)
+    finally:
+        close_loggers(loggers)
+
+
+def _test_fitted(
+    task: Task, make_encoding: EncodingFactory, seed: int, workdir: Path, progress: bool, fitted: dict
+) -> dict:  # fmt: skip
+    """Test a cell fitted by its DDP ranks here, on one device: every test sample once."""
+    import lightning as L
+
+    config = task.config
+    if not fitted["best_path"]:
+        raise RuntimeError(f"no checkpoint was saved: val/{task.metric} was never logged")
+    model, module, data = _model_parts(task, make_encoding, seed)
+    devices = config.trainer.devices
+    tester = L.Trainer(
+        accelerator=config.trainer.accelerator,
+        devices=devices[:1] if isinstance(devices, list) else 1,  # the first of the cell's devices
+        precision=resolve_precision(config),
+        logger=False,  # the trackers have the fit; the test metric is in the cell record
+        default_root_dir=workdir,
+        enable_progress_bar=progress,
+        enable_model_summary=False,
+    )
+    tested = tester.test(module, datamodule=data, ckpt_path=fitted["best_path"], verbose=False)
+    return _cell_result(task, model, module, data, tested, fitted)
 
 
 @contextmanager
@@ -231,7 +308,14 @@ def _train_into(
         task.check_data()
         with torch_threads(config.trainer.threads), lightning_interrupts_kept():
             run_name = f"{base['task']}/{method.label}/seed{seed}"  # the trackers' run name
-            result = _train_and_test(task, make_encoding, seed, staging, request.progress, run_name, request.out)
+            cell = {
+                "task": base["task"],
+                "method": method.label,
+                "profile": request.profile,
+                "overrides": request.overrides_for(base["task"]),
+                "data_root": None if request.data_root is None else str(request.data_root),
+            }  # what the ranks of a DDP cell rebuild it from
+            result = _train_and_test(task, make_encoding, seed, staging, request.progress, run_name, request.out, cell)
             environment = store.environment()  # as the cell ran (threads included)
     except Exception as err:  # the grid must go on: record why this cell has no result
         status = store.STATUS_DIVERGED if isinstance(err, DivergedError) else store.STATUS_FAILED
