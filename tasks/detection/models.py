@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +33,11 @@ class DetectionModelConfig(ModelConfig):
     neck_dim: int = 256  # channels of the pyramid levels and the heads (ViTDet: 256)
     reg_max: int = 16  # bins of each box side's distance distribution (YOLOv8: 16)
     max_detections: int = 100  # per image at evaluation (COCO's AP counts the best 100)
+    # Spatial kernel of the neck's and heads' convolutions (ViTDet and YOLO: 3). 1 makes the
+    # detector after the backbone pointwise, so every relation between positions it uses comes
+    # from the backbone's position encoding (a 3x3 stack sees neighbours and, through its zero
+    # padding, the image border: a position signal of its own).
+    conv_kernel: Literal[1, 3] = 3
 
 
 class Detector(nn.Module):
@@ -41,8 +47,10 @@ class Detector(nn.Module):
         super().__init__()
         if stride % 2:
             raise ValueError(f"the backbone stride (patch size) must be even for the stride/2 level, got {stride}")
-        self.pyramid = SimpleFeaturePyramid(dim, model.neck_dim)
-        self.head = DualHead(model.neck_dim, tuple(stride * s for s in LEVEL_SCALES), num_classes, model.reg_max)
+        self.pyramid = SimpleFeaturePyramid(dim, model.neck_dim, model.conv_kernel)
+        self.head = DualHead(
+            model.neck_dim, tuple(stride * s for s in LEVEL_SCALES), num_classes, model.reg_max, model.conv_kernel
+        )
 
     def forward(self, feature_map: Tensor) -> DetectorOutput:
         return self.head(self.pyramid(feature_map))

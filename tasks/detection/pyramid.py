@@ -22,24 +22,25 @@ class ChannelNorm(nn.LayerNorm):
         return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
-def _projection(in_dim: int, out_dim: int) -> nn.Sequential:
+def _projection(in_dim: int, out_dim: int, kernel: int) -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(in_dim, out_dim, 1, bias=False),
         ChannelNorm(out_dim),
-        nn.Conv2d(out_dim, out_dim, 3, padding=1, bias=False),
+        nn.Conv2d(out_dim, out_dim, kernel, padding=kernel // 2, bias=False),
         ChannelNorm(out_dim),
     )
 
 
 class SimpleFeaturePyramid(nn.Module):
-    """(B, dim, h, w) backbone map -> maps at strides (s/2, s, 2s) with ``out_dim`` channels."""
+    """(B, dim, h, w) backbone map -> maps at strides (s/2, s, 2s) with ``out_dim`` channels;
+    ``kernel`` is the second projection's (ViTDet: 3)."""
 
-    def __init__(self, dim: int, out_dim: int) -> None:
+    def __init__(self, dim: int, out_dim: int, kernel: int = 3) -> None:
         super().__init__()
         self.resample = nn.ModuleList(
             [nn.ConvTranspose2d(dim, dim // 2, kernel_size=2, stride=2), nn.Identity(), nn.MaxPool2d(2, 2)]
         )
-        self.project = nn.ModuleList(_projection(d, out_dim) for d in (dim // 2, dim, dim))
+        self.project = nn.ModuleList(_projection(d, out_dim, kernel) for d in (dim // 2, dim, dim))
 
     def forward(self, x: Tensor) -> list[Tensor]:
         return [project(resample(x)) for resample, project in zip(self.resample, self.project, strict=True)]

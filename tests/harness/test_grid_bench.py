@@ -10,7 +10,9 @@ from pe_bench.harness.reports.grid_bench import GridBenchSpec, grid_bench
 
 pytestmark = pytest.mark.slow
 
-SMALL = ("optim.epochs=1", "data.train_size=64", "data.val_size=32", "data.test_size=32", "model.dim=32", "model.depth=1")
+SMALL = (
+    "optim.epochs=1", "data.train_size=64", "data.val_size=32", "data.test_size=32", "model.dim=32", "model.depth=1",
+)  # fmt: skip
 
 
 def test_grid_bench_times_one_grid_sequentially_and_with_jobs():
