@@ -35,12 +35,9 @@ class ConvNormAct(nn.Sequential):
         )
 
 
-def box_branch(in_dim: int, width: int, reg_max: int, kernel: int = 3) -> nn.Sequential:
-    """Two ``kernel`` x ``kernel`` (YOLO: 3x3) convolutions, then 4 x ``reg_max`` distance
-    logits per point."""
-    return nn.Sequential(
-        ConvNormAct(in_dim, width, kernel), ConvNormAct(width, width, kernel), nn.Conv2d(width, 4 * reg_max, 1)
-    )
+def box_branch(in_dim: int, width: int, reg_max: int) -> nn.Sequential:
+    """Two 3x3 convolutions, then 4 x ``reg_max`` distance logits per point."""
+    return nn.Sequential(ConvNormAct(in_dim, width, 3), ConvNormAct(width, width, 3), nn.Conv2d(width, 4 * reg_max, 1))
 
 
 def class_branch(in_dim: int, width: int, num_classes: int, kernel: int = 3) -> nn.Sequential:
@@ -109,13 +106,13 @@ class Head(nn.Module):
     """One head (one-to-many or one-to-one): a box and a class branch per pyramid level."""
 
     def __init__(
-        self, in_dim: int, levels: int, num_classes: int, reg_max: int, kernel: int = 3, prior: float = 0.01
+        self, in_dim: int, levels: int, num_classes: int, reg_max: int, class_kernel: int = 3, prior: float = 0.01
     ) -> None:
         super().__init__()
         self.reg_max = reg_max
         box_width = max(in_dim // 4, 4 * reg_max)
-        self.box = nn.ModuleList(box_branch(in_dim, box_width, reg_max, kernel) for _ in range(levels))
-        self.cls = nn.ModuleList(class_branch(in_dim, in_dim, num_classes, kernel) for _ in range(levels))
+        self.box = nn.ModuleList(box_branch(in_dim, box_width, reg_max) for _ in range(levels))
+        self.cls = nn.ModuleList(class_branch(in_dim, in_dim, num_classes, class_kernel) for _ in range(levels))
         for branch in self.cls:
             # RetinaNet's prior (Lin et al., 2017, arXiv:1708.02002, Section 4.1): every point
             # starts at probability ``prior`` for every class, so the many background points do
@@ -136,12 +133,12 @@ class DualHead(nn.Module):
     """YOLOv10's one-to-many and one-to-one heads over the same pyramid levels."""
 
     def __init__(
-        self, in_dim: int, strides: tuple[float, ...], num_classes: int, reg_max: int, kernel: int = 3
+        self, in_dim: int, strides: tuple[float, ...], num_classes: int, reg_max: int, class_kernel: int = 3
     ) -> None:
         super().__init__()
         self.strides = tuple(float(s) for s in strides)
-        self.one_to_many = Head(in_dim, len(strides), num_classes, reg_max, kernel)
-        self.one_to_one = Head(in_dim, len(strides), num_classes, reg_max, kernel)
+        self.one_to_many = Head(in_dim, len(strides), num_classes, reg_max, class_kernel)
+        self.one_to_one = Head(in_dim, len(strides), num_classes, reg_max, class_kernel)
 
     def forward(self, features: list[Tensor]) -> DetectorOutput:
         shapes = [tuple(f.shape[-2:]) for f in features]

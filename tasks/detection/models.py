@@ -33,11 +33,13 @@ class DetectionModelConfig(ModelConfig):
     neck_dim: int = 256  # channels of the pyramid levels and the heads (ViTDet: 256)
     reg_max: int = 16  # bins of each box side's distance distribution (YOLOv8: 16)
     max_detections: int = 100  # per image at evaluation (COCO's AP counts the best 100)
-    # Spatial kernel of the neck's and heads' convolutions (ViTDet and YOLO: 3). 1 makes the
-    # detector after the backbone pointwise, so every relation between positions it uses comes
-    # from the backbone's position encoding (a 3x3 stack sees neighbours and, through its zero
-    # padding, the image border: a position signal of its own).
-    conv_kernel: Literal[1, 3] = 3
+    # Spatial kernels of the neck's second projection (ViTDet: 3) and of the class branch's
+    # depthwise convolutions (YOLOv10: 3). 1 makes the path from the backbone to the class
+    # scores pointwise, so that every relation between positions it uses comes from the
+    # backbone's position encoding: a 3x3 stack relates neighbouring cells by itself and reads
+    # the image border from its zero padding. The box branch keeps its 3x3 convolutions.
+    neck_kernel: Literal[1, 3] = 3
+    class_kernel: Literal[1, 3] = 3
 
 
 class Detector(nn.Module):
@@ -47,9 +49,9 @@ class Detector(nn.Module):
         super().__init__()
         if stride % 2:
             raise ValueError(f"the backbone stride (patch size) must be even for the stride/2 level, got {stride}")
-        self.pyramid = SimpleFeaturePyramid(dim, model.neck_dim, model.conv_kernel)
+        self.pyramid = SimpleFeaturePyramid(dim, model.neck_dim, model.neck_kernel)
         self.head = DualHead(
-            model.neck_dim, tuple(stride * s for s in LEVEL_SCALES), num_classes, model.reg_max, model.conv_kernel
+            model.neck_dim, tuple(stride * s for s in LEVEL_SCALES), num_classes, model.reg_max, model.class_kernel
         )
 
     def forward(self, feature_map: Tensor) -> DetectorOutput:

@@ -20,6 +20,7 @@ from pe_bench.tasks.detection.head import (
 from pe_bench.tasks.detection.loss import DetectionLoss, one_to_many_detections, one_to_one_detections
 from pe_bench.tasks.detection.models import (
     DetectionModelConfig,
+    Detector,
     ImageDetector,
     image_detection_geometry,
     latest_token_map,
@@ -180,3 +181,46 @@ def test_latest_token_map_keeps_the_most_recent_valid_token_of_each_cell():
     valid = torch.tensor([[True, True, True, False, True]])
     grid = latest_token_map(tokens, coords, valid, rows=2, cols=2, empty=torch.tensor([-1.0, -1.0]))
     assert grid[0, 0].tolist() == [[3.0, 2.0], [-1.0, 5.0]]
+
+
+def _level_maps(logits: torch.Tensor, shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """(B, A, C) per-point outputs -> one (B, C, h, w) map per level."""
+    maps, start = [], 0
+    for h, w in shapes:
+        maps.append(logits[:, start : start + h * w].transpose(1, 2).reshape(logits.shape[0], -1, h, w))
+        start += h * w
+    return maps
+
+
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_pointwise_class_path_relates_no_cells_while_the_box_branch_sees_neighbours(kernel):
+    """With neck_kernel = class_kernel = 1 (the tiny coco), a change of one backbone cell moves
+    the class scores only of the points that cell resamples to (its 2x2 children at stride s/2,
+    itself at s, its parent at 2s): every relation between positions must come from the encoding.
+    With the paper's 3x3 kernels the detector relates neighbouring cells by itself."""
+    torch.manual_seed(0)
+    model = DetectionModelConfig(
+        dim=16, depth=1, num_heads=2, mlp_ratio=2.0, patch_size=8, neck_dim=8, reg_max=4,
+        neck_kernel=kernel, class_kernel=kernel,
+    )  # fmt: skip
+    detector = Detector(16, 8, model, num_classes=3).eval()
+    x = torch.randn(1, 16, 8, 8)
+    moved = x.clone()
+    moved[0, :, 3, 5] += 5.0
+    with torch.no_grad():
+        before, after = detector(x), detector(moved)
+    shapes = [(16, 16), (8, 8), (4, 4)]
+    changed = [(a - b).abs().amax(1)[0] > 1e-6 for a, b in zip(
+        _level_maps(after.one_to_one.class_logits, shapes), _level_maps(before.one_to_one.class_logits, shapes),
+        strict=True)]  # fmt: skip
+    expected = [torch.zeros(s, dtype=torch.bool) for s in shapes]
+    expected[0][6:8, 10:12] = True  # the deconvolution's 2x2 children
+    expected[1][3, 5] = True
+    expected[2][1, 2] = True  # the max-pool's parent
+    if kernel == 1:
+        for got, want in zip(changed, expected, strict=True):
+            assert torch.equal(got, want)
+    else:
+        assert all(got.sum() > want.sum() for got, want in zip(changed, expected, strict=True))
+    box_changed = (after.one_to_one.box_logits - before.one_to_one.box_logits).abs().flatten(2).amax(2)[0] > 1e-6
+    assert box_changed[256 : 256 + 64].view(8, 8).sum() > 1  # the 3x3 box branch sees neighbours either way
