@@ -15,6 +15,11 @@ $(STAMP): pyproject.toml
 	# files (torchaudio 2.11 from the registry runs beside them); pe-bench declares lower bounds.
 	$(BIN)/pip install torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.0
 	$(BIN)/pip install -e '.[test]'
+	# nuscenes-devkit for the nuscenes paper profile and the test that our centre-distance mAP
+	# equals its evaluation: installed without its dependencies, because its metadata pins
+	# numpy < 2 (its evaluation runs on numpy 2, the test checks), then the ones it imports.
+	$(BIN)/pip install --no-deps nuscenes-devkit==1.2.0 pyquaternion==0.9.9 descartes==1.1.0
+	$(BIN)/pip install opencv-python-headless "shapely~=2.0.3" scikit-learn
 	touch $(STAMP)
 
 setup: $(STAMP)

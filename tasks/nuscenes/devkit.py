@@ -31,7 +31,10 @@ from pe_bench.harness.data import DatasetMissingError
 from pe_bench.tasks._shared.data_checks import CorruptFileError
 
 CAMERAS = ("CAM_FRONT", "CAM_FRONT_RIGHT", "CAM_FRONT_LEFT", "CAM_BACK", "CAM_BACK_LEFT", "CAM_BACK_RIGHT")
-INSTALL = "pip install nuscenes-devkit"
+INSTALL = (
+    "pip install --no-deps nuscenes-devkit==1.2.0 pyquaternion descartes && pip install opencv-python-headless "
+    "'shapely~=2.0.3' scikit-learn (its metadata pins numpy < 2; its evaluation runs on numpy 2)"
+)
 #: version -> (train split, val split) in ``nuscenes.utils.splits.create_splits_scenes()``
 SPLITS = {"v1.0-trainval": ("train", "val"), "v1.0-mini": ("mini_train", "mini_val")}
 

@@ -54,7 +54,7 @@ def test_inconsistent_configs_are_named():
 def test_paper_data_without_the_devkit_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "nuscenes", None)  # import fails as if not installed
     task = get_task("nuscenes")(load_run_config("nuscenes", "paper"), tmp_path)
-    with pytest.raises(ImportError, match="pip install nuscenes-devkit"):
+    with pytest.raises(ImportError, match="pip install --no-deps nuscenes-devkit"):
         task.check_data()
 
 
