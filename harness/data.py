@@ -7,6 +7,7 @@ read their whole split in order in every process, also under DDP (:class:`WholeS
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,12 @@ import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+def cache_root() -> Path:
+    """Where generated tiny data is kept between runs (written once, shared by every cell):
+    ``$PE_BENCH_CACHE`` or ~/.cache/pe-bench."""
+    return Path(os.environ.get("PE_BENCH_CACHE") or Path.home() / ".cache" / "pe-bench")
 
 
 class DatasetMissingError(FileNotFoundError):

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+from pe_bench.harness.data import cache_root
 
 CLASSES = ("above-left", "above-right", "below-left", "below-right")
 #: Photographs bundled with scikit-image (no download): the backgrounds.
@@ -147,11 +148,6 @@ def write_coco_split(
     categories = [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(CLASSES)]
     payload = {"images": images, "annotations": annotations, "categories": categories}
     (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(payload))
-
-
-def cache_root() -> Path:
-    """Where generated data is kept between runs: ``$PE_BENCH_CACHE`` or ~/.cache/pe-bench."""
-    return Path(os.environ.get("PE_BENCH_CACHE") or Path.home() / ".cache" / "pe-bench")
 
 
 def tiny_coco(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -25,6 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+from pe_bench.harness.data import cache_root
 
 SAMPLE_RATE = 16_000
 
@@ -67,10 +68,6 @@ class CorpusSpec:
     def key(self) -> str:
         text = json.dumps(asdict(self) | {"version": 1}, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("PE_BENCH_CACHE") or Path.home() / ".cache" / "pe-bench")
 
 
 def espeak_binary() -> str:

@@ -13,7 +13,6 @@ sacrebleu and the per-position loss on stacked test sentences (:mod:`.translatio
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -26,7 +25,7 @@ from torch.utils.data import Dataset
 
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
-from pe_bench.harness.data import SplitDataModule
+from pe_bench.harness.data import SplitDataModule, cache_root
 
 from .._shared.data_checks import DataReport, scan_files
 from ..base import Task
@@ -35,10 +34,6 @@ from .io import SPLITS, check_folder, check_split, read_split
 from .model import MT_LOCAL_SHIFT, PositionFrame, Seq2SeqTransformer
 from .module import DecodingConfig, TranslationModule
 from .tokenizer import BOS, EOS, PAD, SubwordTokenizer, train_tokenizer
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("PE_BENCH_CACHE") or Path.home() / ".cache" / "pe-bench")
 
 
 class TranslationDataConfig(Strict):
