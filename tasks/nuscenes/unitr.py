@@ -228,7 +228,12 @@ class SetAttentionStack(nn.Module):
         """The encoding's once-per-input hooks (``prepare``, ``embed``) on each group's tokens."""
         p = coords.shape[-1]
         padded, valid, slot = padded_per_sample(torch.cat([coords.to(feat.dtype), feat], dim=-1), group)
-        layout = self.encoding.prepare(PositionLayout(coords=padded[..., :p], has_pos=valid, valid=valid))
+        # Padded together with the features, the positions would come out of the concatenation
+        # requiring grad: a bias built from them would then require grad too, which sends CPU
+        # SDPA to its math kernel and backpropagates through every distance (ALiBi's tiny
+        # training step: 1.2 s). Positions are data, not a function of the weights: detach them.
+        positions = padded[..., :p].detach()
+        layout = self.encoding.prepare(PositionLayout(coords=positions, has_pos=valid, valid=valid))
         x = self.encoding.embed(padded[..., p:], layout)
         flat = lambda t: t.reshape(-1, t.shape[-1])[slot]  # noqa: E731
         return flat(layout.coords).to(coords.dtype), flat(x)
