@@ -100,6 +100,11 @@ class Executor(ABC):
     def describe(self, pending: int) -> str:
         return f"{pending} to run by the {self.name} executor"
 
+    def cell_threads(self, config: Any) -> int | None:
+        """The CPU threads a cell of ``config`` runs with under this executor (stored in its
+        config.yaml, so a re-run must ask for the same): its ``trainer.threads``, at least 1."""
+        return config.trainer.threads or 1
+
 
 def auto_jobs() -> int:
     """``--jobs auto``: one cell per CPU core this process may use."""
@@ -228,6 +233,9 @@ class ParallelExecutor(Executor):
             self.jobs = min(self.jobs, len(self.slots.gpus) * self.slots.per_gpu)
         self.threads = max(1, auto_jobs() // self.jobs)
         self.poll = poll
+
+    def cell_threads(self, config: Any) -> int | None:
+        return self.threads
 
     def describe(self, pending: int) -> str:
         gpus = f", {self.slots.per_gpu} per GPU on GPUs {self.slots.gpus}" if self.slots else ""

@@ -391,6 +391,9 @@ def check_consistency(request: GridRequest) -> None:
     trained again rather than trusted unchecked."""
     for task_name in request.tasks:
         config = load_run_config(task_name, request.profile, request.overrides_for(task_name))
+        if request.executor is not None:  # its cells run (and are stored) with the executor's threads
+            trainer = config.trainer.model_copy(update={"threads": request.executor.cell_threads(config)})
+            config = config.model_copy(update={"trainer": trainer})
         for method in request.methods:
             options = method.merged_options(config.methods.get(method.name))
             requested = resolved_config(config, method, options)

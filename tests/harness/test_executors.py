@@ -42,6 +42,9 @@ def test_jobs_run_cells_in_parallel_processes_with_the_results_of_a_sequential_g
             for m in ("nopos", "rope", "sincos")}  # fmt: skip
     assert len(pids) == 3  # each cell in its own process
     assert (parallel / "logs" / "imagenet" / "rope" / "seed0.log").read_text().strip()
+    again = subprocess.run(command, capture_output=True, text=True)  # the cells stored threads=1: reused
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "3 of 3 cells finished earlier" in again.stdout
 
 
 def test_gpu_slots_pack_cells_by_share():
