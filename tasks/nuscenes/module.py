@@ -1,4 +1,5 @@
-"""The Lightning module of the nuScenes task: detection loss in training, mAP in evaluation."""
+"""The Lightning module of the nuScenes task: detection loss in training, mAP in evaluation
+(and NDS with its true-positive errors in the test's extra results)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,22 @@ from pe_bench.harness.config import OptimConfig
 from pe_bench.harness.module import TaskModule
 
 from .detector import UniTRDetector
-from .metric import CentreDistanceMAP
+from .metric import NOT_PREDICTED, CentreDistanceMAP
 
 
 class DetectionModule(TaskModule):
-    """``train/loss``; ``val/map`` and ``test/map`` (centre-distance mAP, a fraction); the test's
-    AP per class (mean over the distance thresholds, %) as extra results."""
+    """``train/loss``; ``val/map`` and ``test/map`` (centre-distance mAP, a fraction). Extra
+    results of the test: AP per class ``ap_<class>`` (mean over the distance thresholds, %),
+    ``nds`` (%), the mean true-positive errors in the devkit's units, ``ate`` (m), ``ase``
+    (1 - IoU), ``aoe`` (rad), and ``ave`` and ``aae`` at their worst value 1, listed under
+    ``not_predicted`` (the model predicts no velocity and no attributes; NDS counts them so)."""
 
     def __init__(self, model: UniTRDetector, class_names: list[str], optim: OptimConfig) -> None:
         super().__init__(model, optim)
         self.class_names = list(class_names)
-        self.val_map = CentreDistanceMAP(len(class_names))
-        self.test_map = CentreDistanceMAP(len(class_names))
-        self._test_ap: dict[str, float] = {}
+        self.val_map = CentreDistanceMAP(len(class_names), class_names=class_names)
+        self.test_map = CentreDistanceMAP(len(class_names), class_names=class_names)
+        self._test_results: dict[str, Any] = {}
 
     def training_loss(self, batch: dict) -> Tensor:
         return self.model.loss(batch)
@@ -32,7 +36,7 @@ class DetectionModule(TaskModule):
 
     def _eval(self, batch: dict, split: str) -> None:
         detections = self.model.detect(batch)
-        targets = [{"centres": b[:, :2], "labels": y} for b, y in zip(batch["boxes"], batch["labels"], strict=True)]
+        targets = [{"boxes": b, "labels": y} for b, y in zip(batch["boxes"], batch["labels"], strict=True)]
         metric = getattr(self, f"{split}_map")
         metric.update(detections, targets)
         self.log(f"{split}/map", metric, prog_bar=split == "val", on_epoch=True, batch_size=len(targets))
@@ -46,7 +50,14 @@ class DetectionModule(TaskModule):
     def on_test_epoch_end(self) -> None:
         # Read before Lightning resets the metric at the end of the epoch.
         per_class = self.test_map.average_precisions().mean(axis=1)
-        self._test_ap = {f"ap_{name}": 100.0 * float(ap) for name, ap in zip(self.class_names, per_class, strict=True)}
+        results: dict[str, Any] = {
+            f"ap_{name}": 100.0 * float(ap) for name, ap in zip(self.class_names, per_class, strict=True)
+        }
+        summary = self.test_map.summary()
+        results["nds"] = 100.0 * summary["nds"]
+        results |= {k: v for k, v in summary.items() if k not in ("map", "nds")}
+        results["not_predicted"] = list(NOT_PREDICTED)
+        self._test_results = results
 
     def extra_results(self) -> dict[str, Any]:
-        return dict(self._test_ap)
+        return dict(self._test_results)

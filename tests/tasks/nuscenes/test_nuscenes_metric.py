@@ -1,4 +1,5 @@
-"""The centre-distance mAP on hand-made cases, and against the nuscenes-devkit where it is installed."""
+"""The centre-distance mAP, the true-positive errors and NDS on hand-made cases, and against the
+nuscenes-devkit where it is installed."""
 
 from __future__ import annotations
 
@@ -11,13 +12,21 @@ from pe_bench.tasks.nuscenes.metric import CentreDistanceMAP, average_precision,
 THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
 
 
-def pred(xy, scores, labels):
-    return {"centres": torch.tensor(xy, dtype=torch.float32).reshape(-1, 2),
-            "scores": torch.tensor(scores, dtype=torch.float32), "labels": torch.tensor(labels)}  # fmt: skip
+def boxes(xy, sizes=None, yaws=None):
+    """(N, 7) boxes at ground-plane centres ``xy``: z 0, sizes (l, w, h) 1 m and yaw 0 unless given."""
+    xy = np.asarray(xy, dtype=np.float64).reshape(-1, 2)
+    size = np.ones((len(xy), 3)) if sizes is None else np.asarray(sizes, dtype=np.float64).reshape(-1, 3)
+    yaw = np.zeros((len(xy), 1)) if yaws is None else np.asarray(yaws, dtype=np.float64).reshape(-1, 1)
+    return torch.from_numpy(np.concatenate([xy, np.zeros((len(xy), 1)), size, yaw], axis=1))
 
 
-def gt(xy, labels):
-    return {"centres": torch.tensor(xy, dtype=torch.float32).reshape(-1, 2), "labels": torch.tensor(labels)}
+def pred(xy, scores, labels, sizes=None, yaws=None):
+    return {"boxes": boxes(xy, sizes, yaws), "scores": torch.tensor(scores, dtype=torch.float64),
+            "labels": torch.tensor(labels)}  # fmt: skip
+
+
+def gt(xy, labels, sizes=None, yaws=None):
+    return {"boxes": boxes(xy, sizes, yaws), "labels": torch.tensor(labels)}
 
 
 def mean_ap(preds, targets, num_classes):
@@ -80,47 +89,149 @@ def test_samples_are_matched_within_themselves_and_accumulate_over_batches():
     assert 0.0 < float(metric.compute()) < 1.0
 
 
+def summary(preds, targets, class_names):
+    metric = CentreDistanceMAP(len(class_names), class_names=class_names)
+    metric.update(preds, targets)
+    return metric.true_positive_errors(), metric.summary()
+
+
+def test_exact_boxes_have_no_true_positive_error_and_nds_08():
+    sizes, yaws = [[4.0, 2.0, 1.5], [0.8, 0.6, 1.7]], [0.3, -2.0]
+    errors, result = summary([pred([[1, 2], [5, 5]], [0.9, 0.8], [0, 1], sizes, yaws)],
+                             [gt([[1, 2], [5, 5]], [0, 1], sizes, yaws)], ["red", "green"])  # fmt: skip
+    np.testing.assert_allclose(errors, [[0, 0, 0, 1, 1]] * 2, atol=1e-12)
+    # 5 mAP + 3 perfect TP scores + 2 not predicted, over 10.
+    assert result["map"] == pytest.approx(1.0) and result["nds"] == pytest.approx(0.8)
+    assert result["ave"] == result["aae"] == 1.0
+
+
+def test_a_quarter_turn_is_an_aoe_of_pi_over_2_and_a_box_twice_as_long_an_ase_of_05():
+    quarter_turn = pred([[0, 0]], [0.9], [0], yaws=[np.pi / 2 + 0.1])
+    errors, result = summary([quarter_turn], [gt([[0, 0]], [0], yaws=[0.1])], ["a"])
+    assert errors[0, :3] == pytest.approx([0.0, 0.0, np.pi / 2]) and result["aoe"] == pytest.approx(np.pi / 2)
+    twice_as_long = pred([[0, 0]], [0.9], [0], sizes=[[8, 2, 1.5]])
+    errors, _ = summary([twice_as_long], [gt([[0, 0]], [0], sizes=[[4, 2, 1.5]])], ["a"])
+    assert errors[0, :3] == pytest.approx([0.0, 0.5, 0.0])
+
+
+def test_ate_and_nds_of_a_centre_off_by_075_m():
+    errors, result = summary([pred([[0.75, 0]], [0.5], [0])], [gt([[0, 0]], [0])], ["a"])
+    assert errors[0, 0] == pytest.approx(0.75)
+    # mAP 0.75 (missed at 0.5 m only); TP scores 0.25 + 1 + 1 + 0 + 0.
+    assert result["nds"] == pytest.approx((5 * 0.75 + 2.25) / 10)
+
+
+def test_a_half_turn_costs_a_car_pi_and_a_barrier_nothing():
+    names = ["car", "barrier"]
+    errors, _ = summary([pred([[0, 0], [5, 5]], [0.9, 0.8], [0, 1], yaws=[np.pi, np.pi])],
+                        [gt([[0, 0], [5, 5]], [0, 1], yaws=[0, 0])], names)  # fmt: skip
+    assert errors[0, 2] == pytest.approx(np.pi) and errors[1, 2] == pytest.approx(0.0)
+    assert np.isnan(errors[1, 3:]).all() and (errors[0, 3:] == 1.0).all()  # the devkit has no AVE/AAE for barriers
+
+
+def test_the_devkits_undefined_errors_are_left_out_of_the_mean():
+    names = ["car", "traffic_cone"]
+    errors, result = summary([pred([[0, 0], [5, 5]], [0.9, 0.8], [0, 1], yaws=[0.5, 3.0])],
+                             [gt([[0, 0], [5, 5]], [0, 1], yaws=[0, 0])], names)  # fmt: skip
+    assert np.isnan(errors[1, 2:]).all() and not np.isnan(errors[1, :2]).any()
+    assert result["aoe"] == pytest.approx(0.5)  # the car's only: the cone's heading does not count
+
+
+def test_a_class_not_found_beyond_recall_01_has_every_error_1():
+    # One of 20 boxes found: recall 0.05 never passes the 0.1 floor that the errors are read above.
+    targets = [gt([[10.0 * i, 0] for i in range(20)], [0] * 20)]
+    errors, _ = summary([pred([[0, 0]], [0.9], [0])], targets, ["a"])
+    assert errors[0].tolist() == [1.0] * 5
+    errors, _ = summary([pred([[9, 9]], [0.9], [0])], [gt([[0, 0]], [0])], ["a"])  # no match at all
+    assert errors[0].tolist() == [1.0] * 5
+
+
+def test_boxes_of_the_wrong_shape_are_refused():
+    metric = CentreDistanceMAP(1)
+    bad = {"centres": torch.zeros(1, 2), "scores": torch.ones(1), "labels": torch.zeros(1, dtype=torch.long)}
+    with pytest.raises(ValueError, match=r"prediction\['boxes'\] must be \(N, 7"):
+        metric.update([bad], [gt([[0, 0]], [0])])
+    with pytest.raises(ValueError, match="class_names: 2 names for num_classes=1"):
+        CentreDistanceMAP(1, class_names=["a", "b"])
+
+
 def random_case(rng: np.random.Generator, samples: int, classes: int):
+    """Boxes with random sizes and headings; predictions jittered in centre, size and heading
+    (some turned half round), plus false positives and wrong labels."""
     preds, targets = [], []
     for _ in range(samples):
-        boxes = rng.uniform(-20, 20, (rng.integers(0, 8), 2))
-        labels = rng.integers(0, classes, len(boxes))
-        jittered = np.concatenate([boxes + rng.normal(0, 1.5, boxes.shape), rng.uniform(-20, 20, (4, 2))])
+        count = rng.integers(0, 8)
+        xy = rng.uniform(-20, 20, (count, 2))
+        sizes = rng.uniform(0.3, 5.0, (count, 3))
+        yaws = rng.uniform(-np.pi, np.pi, count)
+        labels = rng.integers(0, classes, count)
+        p_xy = np.concatenate([xy + rng.normal(0, 1.0, xy.shape), rng.uniform(-20, 20, (4, 2))])
+        p_sizes = np.concatenate([sizes * np.exp(rng.normal(0, 0.3, sizes.shape)), rng.uniform(0.3, 5.0, (4, 3))])
+        p_yaws = np.concatenate([yaws + rng.normal(0, 0.4, count) + np.pi * (rng.random(count) < 0.3),
+                                 rng.uniform(-np.pi, np.pi, 4)])  # fmt: skip
         guesses = np.concatenate([labels, rng.integers(0, classes, 4)])
         flip = rng.random(len(guesses)) < 0.2
         guesses[flip] = rng.integers(0, classes, int(flip.sum()))
         scores = np.round(rng.random(len(guesses)), 1)  # coarse: many ties across and within samples
-        preds.append(pred(jittered, scores, guesses))
-        targets.append(gt(boxes, labels))
+        preds.append(pred(p_xy, scores, guesses, p_sizes, p_yaws))
+        targets.append(gt(xy, labels, sizes, yaws))
     return preds, targets
 
 
-def test_equals_the_nuscenes_devkit():
-    algo = pytest.importorskip("nuscenes.eval.detection.algo", reason="nuscenes-devkit is not installed")
+def devkit_metrics(preds, targets, names):
+    """The devkit's ``DetectionEval.evaluate`` (matching, AP, TP errors with its nan rules, NDS)
+    on our boxes: predictions without velocity (nan) or attribute, as our model."""
+    pytest.importorskip("nuscenes.eval.detection.evaluate", reason="nuscenes-devkit is not installed")
+    from nuscenes.eval.common.config import config_factory
     from nuscenes.eval.common.data_classes import EvalBoxes
-    from nuscenes.eval.common.utils import center_distance
     from nuscenes.eval.detection.data_classes import DetectionBox
+    from nuscenes.eval.detection.evaluate import DetectionEval
 
-    names = ["car", "pedestrian", "barrier"]
-    preds, targets = random_case(np.random.default_rng(0), samples=30, classes=len(names))
-    gt_boxes, pred_boxes = EvalBoxes(), EvalBoxes()
+    attribute = {"car": "vehicle.parked", "pedestrian": "pedestrian.standing"}  # barrier, traffic_cone: none
 
-    def box(sample, xy, label, score=-1.0):
+    def box(sample, row, label, score=None):
+        x, y, z, length, width, height, yaw = (float(v) for v in row)
+        name = names[int(label)]
         return DetectionBox(
-            sample_token=sample, translation=(float(xy[0]), float(xy[1]), 0.0), size=(1.0, 1.0, 1.0),
-            rotation=(1.0, 0.0, 0.0, 0.0), detection_name=names[int(label)], detection_score=float(score),
+            sample_token=sample, translation=(x, y, z), size=(width, length, height),  # the devkit's w, l, h
+            rotation=(float(np.cos(yaw / 2)), 0.0, 0.0, float(np.sin(yaw / 2))), detection_name=name,
+            velocity=(0.0, 0.0) if score is None else (np.nan, np.nan),
+            detection_score=-1.0 if score is None else score,
+            attribute_name=attribute.get(name, "") if score is None else "",
         )  # fmt: skip
 
+    gt_boxes, pred_boxes = EvalBoxes(), EvalBoxes()
     for i, (p, t) in enumerate(zip(preds, targets, strict=True)):
         s = f"s{i}"
-        gt_boxes.add_boxes(s, [box(s, xy, y) for xy, y in zip(t["centres"], t["labels"], strict=True)])
-        found = zip(p["centres"], p["labels"], p["scores"], strict=True)
-        pred_boxes.add_boxes(s, [box(s, xy, y, score) for xy, y, score in found])
+        gt_boxes.add_boxes(s, [box(s, row, y) for row, y in zip(t["boxes"], t["labels"], strict=True)])
+        found = zip(p["boxes"], p["labels"], p["scores"], strict=True)
+        pred_boxes.add_boxes(s, [box(s, row, y, float(score)) for row, y, score in found])
+    # The evaluation without its loading step (which needs the dataset on disk), over our classes only.
+    evaluation = object.__new__(DetectionEval)
+    evaluation.cfg, evaluation.verbose = config_factory("detection_cvpr_2019"), False
+    evaluation.cfg.class_names = list(names)
+    evaluation.gt_boxes, evaluation.pred_boxes = gt_boxes, pred_boxes
+    metrics, _ = evaluation.evaluate()
+    return metrics
 
-    def devkit_ap(name, threshold):
-        return algo.calc_ap(algo.accumulate(gt_boxes, pred_boxes, name, center_distance, threshold), 0.1, 0.1)
 
-    devkit = np.array([[devkit_ap(name, th) for th in THRESHOLDS] for name in names])
-    ours, _ = mean_ap(preds, targets, len(names))
-    assert 0.05 < devkit.mean() < 0.95  # a case with something to get wrong
-    np.testing.assert_allclose(ours, devkit, atol=1e-6)
+def test_equals_the_nuscenes_devkit():
+    names = ["car", "pedestrian", "barrier", "traffic_cone"]
+    preds, targets = random_case(np.random.default_rng(0), samples=40, classes=len(names))
+    metrics = devkit_metrics(preds, targets, names)
+    devkit_ap = np.array([[metrics.get_label_ap(name, th) for th in THRESHOLDS] for name in names])
+    tp_metrics = ["trans_err", "scale_err", "orient_err", "vel_err", "attr_err"]
+    devkit_tp = np.array([[metrics.get_label_tp(name, m) for m in tp_metrics] for name in names])
+
+    metric = CentreDistanceMAP(len(names), class_names=names)
+    metric.update(preds, targets)
+    result = metric.summary()
+    assert 0.05 < devkit_ap.mean() < 0.95  # a case with something to get wrong
+    measured = devkit_tp[:, :3][~np.isnan(devkit_tp[:, :3])]
+    assert len(measured) == 11 and (np.abs(measured - 1.0) > 1e-3).all()  # every error measured, none the fallback 1
+    np.testing.assert_allclose(metric.average_precisions(), devkit_ap, atol=1e-6)
+    np.testing.assert_allclose(metric.true_positive_errors(), devkit_tp, atol=1e-6)  # nan where the devkit's are
+    mean_errors = [metrics.tp_errors[m] for m in tp_metrics]
+    np.testing.assert_allclose([result[k] for k in ("ate", "ase", "aoe", "ave", "aae")], mean_errors, atol=1e-6)
+    assert result["map"] == pytest.approx(metrics.mean_ap, abs=1e-6)
+    assert result["nds"] == pytest.approx(metrics.nd_score, abs=1e-6)

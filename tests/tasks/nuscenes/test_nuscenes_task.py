@@ -96,6 +96,8 @@ def test_one_short_cell_end_to_end(tmp_path):
     assert time.perf_counter() - start < 60
     assert record.status == store.STATUS_OK, record.reason
     assert 0.0 <= record.score <= 100.0 and record.metric == "map"
-    assert set(record.extra) >= {"ap_red", "ap_green", "ap_blue"}
+    assert set(record.extra) >= {"ap_red", "ap_green", "ap_blue", "nds", "ate", "ase", "aoe", "ave", "aae"}
+    assert 0.0 <= record.extra["nds"] <= 80.0  # %; at most 80 with velocity and attributes not predicted
+    assert record.extra["ave"] == record.extra["aae"] == 1.0 and record.extra["not_predicted"] == ["ave", "aae"]
     na = run_cell(request, "nuscenes", parse_method("lookhere"), seed=0)
     assert na.status == store.STATUS_NA and "3-D" in na.reason
