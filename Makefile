@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 	# torch + torchvision first, pinned to the builds this machine's pip serves from local
 	# files (torchaudio 2.11 from the registry runs beside them); pe-bench declares lower bounds.
 	$(BIN)/pip install torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.0
-	$(BIN)/pip install -e '.[test]'
+	# the tracking extra too, so that the TensorBoard, W&B and MLflow logger tests run, not skip
+	$(BIN)/pip install -e '.[test,tracking]'
 	# nuscenes-devkit for the nuscenes paper profile and the test that our centre-distance mAP
 	# equals its evaluation: installed without its dependencies, because its metadata pins
 	# numpy < 2 (its evaluation runs on numpy 2, the test checks), then the ones it imports.
