@@ -76,10 +76,10 @@ def run_cell_entry(payload: dict[str, Any], cell: Cell, threads: int | None = No
     return getattr(outcome, "status", "elsewhere")  # a live process elsewhere holds the cell
 
 
-def cell_command(payload_file: Path, cell: Cell, threads: int | None) -> list[str]:
+def cell_argv(payload_file: Path, cell: Cell, threads: int | None) -> list[str]:
+    """The arguments of ``python -m pe_bench.harness.grid.cell`` for one cell."""
     task, method, seed = cell
-    command = [sys.executable, "-m", "pe_bench.harness.grid.cell", str(payload_file), task, method, str(seed)]
-    return command + (["--threads", str(threads)] if threads else [])
+    return [str(payload_file), task, method, str(seed), *(["--threads", str(threads)] if threads else [])]
 
 
 def log_path(out: Path, cell: Cell) -> Path:
@@ -289,7 +289,7 @@ class ParallelExecutor(Executor):
         env = {"OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"}
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-        process = CellProcess(cell_command(payload_file, cell, self.threads)[3:], log, env)
+        process = CellProcess(cell_argv(payload_file, cell, self.threads), log, env)
         return _Running(cell, process, time.perf_counter(), gpu)
 
 

@@ -89,7 +89,9 @@ def grid_bench(spec: GridBenchSpec, say=print) -> pd.DataFrame:
         (f"--jobs {spec.jobs}", ["--jobs", str(spec.jobs)], None),
     ]
     if spec.ray and ray_available():
-        runs.append((f"--executor ray (local, {spec.jobs} CPUs)", ["--executor", "ray"], _ray_environment()))
+        # ray.init() without an address starts a local cluster of every core it detects, not
+        # of --jobs: the label says so rather than claim N CPUs.
+        runs.append(("--executor ray (local cluster, all cores)", ["--executor", "ray"], _ray_environment()))
     elif spec.ray:
         say("bench --grid: Ray is not installed (pip install 'pe-bench[ray]'); its row is left out")
     rows = []
