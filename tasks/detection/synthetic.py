@@ -1,11 +1,13 @@
 """The generated scenes of the tiny ``coco``: shapes whose class is where they lie relative to
 a marker, on crops of scikit-image's photographs, written in the COCO 2017 layout.
 
-Every image holds one marker (a white "plus" with a dark rim) anywhere in the image and 2-4
+Every image holds one marker (a white "plus" with a dark rim) filling one cell of the
+backbone's patch grid (``cell`` pixels, the tiny profile's patch size), anywhere, and 2-4
 objects: disks, squares and triangles of several sizes and colours. An object's class is the
 quadrant it lies in as seen from the marker (above-left, above-right, below-left,
-below-right); its box never comes within 1 px of the marker's row or column, so the class is
-unambiguous. The shape is a nuisance, not the class.
+below-right); its box keeps out of the marker's row and column of cells, so every patch the
+object touches sees the marker's patch at an offset whose two signs are the class. The shape
+is a nuisance, not the class.
 
 Why position matters: a position-free backbone sees the same set of patches whichever
 quadrant an object is in, so it can find the objects but not name them. The tiny profile makes
@@ -13,13 +15,19 @@ the neck and the class branch pointwise (``model.neck_kernel`` and ``model.class
 so the detector cannot relate positions on its own either: 3x3 convolutions there see the
 marker when it is near and read the image border from their zero padding, and with them nopos
 scored 38 mAP against rope's 52 (an object's 8-pixel cell alone predicts its class 69% of the
-time in a bounded image). With the pointwise path nopos names classes at chance (seed 0: 15.1
-mAP, rope 31.5). The box branch keeps its 3x3 convolutions: localising is not what is tested.
-An encoding that knows absolute positions (sincos, abspos) may still use that 69% prior; one
-that sees only distances (ALiBi, PaPE-RI) cannot tell the quadrants apart. Alternatives
-without the prior ("the marker's row crosses the object"; "the colour of the nearest of four
-markers") were not learnt by any encoding within a CPU budget (the latter: seed 0 nopos 14.1,
-rope 16.7 mAP after 12 epochs).
+time in a bounded image). With the pointwise path nopos names classes at chance. The box
+branch keeps its 3x3 convolutions: localising is not what is tested. An encoding that knows
+absolute positions (sincos, abspos) may still use that prior; one that sees only distances
+(ALiBi, PaPE-RI) cannot tell the quadrants apart.
+
+Generator 3 placed the marker and the objects at any pixel (objects 2 px clear of the
+marker's centre row and column), so an object and the marker often shared a patch row and
+the class hung on where each lay inside its patch: rope learnt it on one seed of three (31.5,
+19.5, 18.0 mAP), sincos reached 38.7. Aligning the marker with the patch grid (generator 4)
+makes the relation one between patches, as in the tiny ``imagenet``. Alternatives ("the
+marker's row crosses the object"; "the colour of the nearest of four markers") were not learnt
+by any encoding within a CPU budget (the latter: seed 0 nopos 14.1, rope 16.7 mAP after 12
+epochs).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ CLASSES = ("above-left", "above-right", "below-left", "below-right")
 #: Photographs bundled with scikit-image (no download): the backgrounds.
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "immunohistochemistry", "brick", "grass")
 #: Bump when the generator changes: the cache key includes it.
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 
 
 @lru_cache(maxsize=1)
@@ -92,17 +100,29 @@ def _paint(image: np.ndarray, mask: np.ndarray, top: int, left: int, colour: np.
 
 
 def relation_scene(
-    rng: np.random.Generator, size: int, objects: tuple[int, int], sides: tuple[int, int], marker: int
+    rng: np.random.Generator, size: int, objects: tuple[int, int], sides: tuple[int, int], cell: int
 ) -> tuple[np.ndarray, list[tuple[int, int, int, int]], list[int]]:
-    """One image (size, size, 3) float in [0, 1], its boxes (x, y, w, h) and class indices."""
+    """One image (size, size, 3) float in [0, 1], its boxes (x, y, w, h) and class indices.
+
+    The marker fills one cell of the ``cell``-pixel grid (the backbone's patch grid), and
+    every object lies wholly in the cells strictly above or below the marker's row of cells
+    and strictly left or right of its column: every patch an object touches then sees the
+    marker's patch at an offset whose signs are the object's class.
+    """
+    if size % cell or size // cell < 3 or cell < 5:
+        raise ValueError(f"the image side ({size}) must be a multiple of the cell ({cell} >= 5 px), 3 cells or more")
     image = _background(rng, size)
+    cells = size // cell
+    col, row = (int(rng.integers(cells)) for _ in range(2))
+    marker = cell - 1 - (cell % 2 == 0)  # odd, so the plus has a centre pixel, with a free pixel around it
     half = marker // 2
-    cx, cy = (int(rng.integers(half + 1, size - half - 1)) for _ in range(2))
     plus = np.zeros((marker, marker), dtype=bool)
     plus[half - 1 : half + 2, :] = True
     plus[:, half - 1 : half + 2] = True
-    _paint(image, plus, cy - half, cx - half, np.array([1.0, 1.0, 1.0]))
-    taken = [(cx - half, cy - half, cx - half + marker, cy - half + marker)]
+    top, left = row * cell + (cell - marker) // 2, col * cell + (cell - marker) // 2
+    _paint(image, plus, top, left, np.array([1.0, 1.0, 1.0]))
+    band_x, band_y = (col * cell, (col + 1) * cell), (row * cell, (row + 1) * cell)  # the marker's column, row
+    taken: list[tuple[int, int, int, int]] = []
     boxes: list[tuple[int, int, int, int]] = []
     labels: list[int] = []
     wanted = int(rng.integers(objects[0], objects[1] + 1))
@@ -111,11 +131,11 @@ def relation_scene(
             break
         w, h = (int(rng.integers(sides[0], sides[1] + 1)) for _ in range(2))
         x, y = int(rng.integers(0, size - w + 1)), int(rng.integers(0, size - h + 1))
-        right, below = x > cx + 1, y > cy + 1
-        if not (right or x + w < cx - 1) or not (below or y + h < cy - 1):
-            continue  # the marker's row or column passes within 1 px: ambiguous quadrant
+        right, below = x >= band_x[1], y >= band_y[1]
+        if not (right or x + w <= band_x[0]) or not (below or y + h <= band_y[0]):
+            continue  # reaches into the marker's row or column of cells: ambiguous at patch level
         if any(x < b[2] + 1 and b[0] < x + w + 1 and y < b[3] + 1 and b[1] < y + h + 1 for b in taken):
-            continue  # overlaps (or touches) the marker or another object
+            continue  # overlaps (or touches) another object
         colour = rng.uniform(0.0, 1.0, 3)
         colour[rng.integers(3)] = rng.choice([0.05, 0.95])  # one saturated channel: visible on any background
         _paint(image, _shape_mask(int(rng.integers(3)), w, h), y, x, colour)
@@ -126,7 +146,14 @@ def relation_scene(
 
 
 def write_coco_split(
-    root: Path, split: str, count: int, size: int, objects: tuple[int, int], sides: tuple[int, int], seed: int
+    root: Path,
+    split: str,
+    count: int,
+    size: int,
+    objects: tuple[int, int],
+    sides: tuple[int, int],
+    cell: int,
+    seed: int,
 ) -> None:
     """``count`` scenes as ``root/<split>/*.png`` and ``root/annotations/instances_<split>.json``."""
     from PIL import Image
@@ -136,7 +163,7 @@ def write_coco_split(
     (root / "annotations").mkdir(exist_ok=True)
     images, annotations = [], []
     for index in range(count):
-        image, boxes, labels = relation_scene(rng, size, objects, sides, marker=max(7, size // 8))
+        image, boxes, labels = relation_scene(rng, size, objects, sides, cell)
         name = f"{index:012d}.png"
         Image.fromarray(np.rint(np.clip(image, 0, 1) * 255).astype(np.uint8)).save(root / split / name)
         images.append({"id": index + 1, "file_name": name, "width": size, "height": size})
@@ -151,11 +178,17 @@ def write_coco_split(
 
 
 def tiny_coco(
-    train: int, test: int, size: int, objects: tuple[int, int], sides: tuple[int, int], cache: Path | None = None
+    train: int,
+    test: int,
+    size: int,
+    objects: tuple[int, int],
+    sides: tuple[int, int],
+    cell: int,
+    cache: Path | None = None,
 ) -> Path:
     """The generated dataset in the COCO 2017 layout (train2017/, val2017/, annotations/),
     written once per setting under the cache (atomically, so concurrent runs may share it)."""
-    settings = (GENERATOR_VERSION, train, test, size, objects, sides)
+    settings = (GENERATOR_VERSION, train, test, size, objects, sides, cell)
     key = hashlib.sha1(repr(settings).encode()).hexdigest()[:12]
     root = (cache or cache_root()) / f"coco-tiny-{key}"
     if (root / "annotations" / "instances_val2017.json").is_file():
@@ -164,8 +197,8 @@ def tiny_coco(
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:
         # Fixed seeds per split: every method and seed trains and tests on the same images.
-        write_coco_split(staging, "train2017", train, size, objects, sides, seed=7000)
-        write_coco_split(staging, "val2017", test, size, objects, sides, seed=7001)
+        write_coco_split(staging, "train2017", train, size, objects, sides, cell, seed=7000)
+        write_coco_split(staging, "val2017", test, size, objects, sides, cell, seed=7001)
         try:
             staging.rename(root)
         except OSError:  # another process finished first: keep its copy

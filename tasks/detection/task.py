@@ -72,6 +72,9 @@ class CocoDataConfig(Strict):
     test_size: int = 0
     objects: tuple[int, int] = (2, 4)  # objects per image, inclusive range
     object_sides: tuple[int, int] = (8, 20)  # box side in pixels, inclusive range
+    # The grid the marker fills one cell of (pixels); objects keep out of its row and column of
+    # cells. Set it to the backbone's patch size (checked), so the relation holds between patches.
+    cell: int = 8
 
     @model_validator(mode="after")
     def _generated_sizes(self) -> CocoDataConfig:
@@ -92,7 +95,7 @@ class CocoDataModule(SplitDataModule):
     def root(self) -> Path:
         d = self.data
         if d.source == "generated":
-            return tiny_coco(d.train_size, d.test_size, d.image_size, d.objects, d.object_sides)
+            return tiny_coco(d.train_size, d.test_size, d.image_size, d.objects, d.object_sides, d.cell)
         return coco_root(Path(self.data_root or ".") / d.dataset_dir)
 
     def setup(self, stage: str | None = None) -> None:
@@ -119,7 +122,7 @@ class Coco(DetectionTask):
     name = "coco"
     DataConfig = CocoDataConfig
     data: CocoDataConfig
-    tiny_standin = "generated shapes on photographs; class = quadrant relative to a marker (4 classes)"
+    tiny_standin = "generated shapes on photographs; class = quadrant relative to a marker's patch (4 classes)"
 
     def geometry(self) -> Geometry:
         return image_detection_geometry((self.data.image_size, self.data.image_size), self.config.model.patch_size)
@@ -128,7 +131,12 @@ class Coco(DetectionTask):
         return ImageDetector(make_encoding, self.geometry(), self.config.model, 3, self.data.num_classes)  # type: ignore[arg-type]
 
     def datamodule(self, seed: int) -> L.LightningDataModule:
-        optim, trainer = self.config.optim, self.config.trainer
+        optim, trainer, patch = self.config.optim, self.config.trainer, self.config.model.patch_size
+        if self.data.source == "generated" and self.data.cell != patch:
+            raise ConfigError(
+                f"coco: data.cell ({self.data.cell}) must equal model.patch_size ({patch}) for the generated "
+                f"scenes, so that the marker's cell is one patch; set both with --set coco:data.cell={patch}"
+            )
         return CocoDataModule(self.data, optim.batch_size, trainer.num_workers, seed, self.data_root)
 
     def check_data(self) -> None:

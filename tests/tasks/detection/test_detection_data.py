@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from pe_bench.harness.cli import main
-from pe_bench.harness.config import load_run_config
+from pe_bench.harness.config import ConfigError, load_run_config
 from pe_bench.harness.data import DatasetMissingError
 from pe_bench.tasks import get_task
 from pe_bench.tasks._shared.spiking_patches import SpikingPatches
@@ -119,25 +119,40 @@ def test_missing_coco_names_the_path_the_layout_and_the_source(tmp_path):
     assert code != 0
 
 
-def test_relation_scene_classes_are_quadrants_seen_from_the_marker():
+def test_relation_scene_classes_are_quadrants_seen_from_the_marker_cell():
     rng = np.random.default_rng(3)
-    for _ in range(20):
-        image, boxes, labels = relation_scene(rng, 64, (2, 4), (8, 20), marker=9)
+    counts = np.zeros(len(CLASSES), dtype=int)
+    for _ in range(30):
+        image, boxes, labels = relation_scene(rng, 64, (2, 4), (8, 20), cell=8)
         assert image.shape == (64, 64, 3) and image.min() >= 0 and image.max() <= 1
-        # The marker is the only pure-white plus: find its centre from its white pixels.
-        white = np.all(image == 1.0, axis=-1)
-        rows, cols = np.nonzero(white)
-        cy, cx = int(np.median(rows)), int(np.median(cols))
+        # The marker is the only pure-white plus: its white pixels lie in one 8-px cell.
+        rows, cols = np.nonzero(np.all(image == 1.0, axis=-1))
+        assert len(set(rows // 8)) == 1 and len(set(cols // 8)) == 1
+        row, col = rows[0] // 8, cols[0] // 8
         for (x, y, w, h), label in zip(boxes, labels, strict=True):
-            # Entirely on one side of the marker's column and of its row.
-            assert (x > cx + 1 or x + w < cx - 1) and (y > cy + 1 or y + h < cy - 1)
-            vertical = "below" if y > cy else "above"
-            horizontal = "right" if x > cx else "left"
+            # Every cell the box touches is strictly off the marker's row and column of cells.
+            cell_rows, cell_cols = range(y // 8, (y + h - 1) // 8 + 1), range(x // 8, (x + w - 1) // 8 + 1)
+            assert row not in cell_rows and col not in cell_cols
+            vertical = "below" if cell_rows[0] > row else "above"
+            horizontal = "right" if cell_cols[0] > col else "left"
             assert CLASSES[label] == f"{vertical}-{horizontal}"
+            counts[label] += 1
+    assert counts.min() > 0.15 * counts.sum()  # every class is common
+
+
+def test_relation_scene_rejects_a_cell_that_does_not_tile_the_image():
+    with pytest.raises(ValueError, match="multiple of the cell"):
+        relation_scene(np.random.default_rng(0), 64, (2, 4), (8, 20), cell=7)
+
+
+def test_generated_coco_cell_must_be_the_patch(tmp_path):
+    config = load_run_config("coco", "tiny", {"data": {"cell": 4}})
+    with pytest.raises(ConfigError, match="data.cell"):
+        get_task("coco")(config, tmp_path).datamodule(0)
 
 
 def test_tiny_coco_split_is_a_coco_file_the_loader_reads(tmp_path):
-    write_coco_split(tmp_path, "train2017", 3, 32, (1, 2), (6, 10), seed=0)
+    write_coco_split(tmp_path, "train2017", 3, 32, (1, 2), (6, 10), cell=8, seed=0)
     images = CocoImages(tmp_path, "train2017")
     assert len(images) == 3 and images.class_names == list(CLASSES)
     image, target = images.load(0)
