@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
 from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout
@@ -40,6 +41,11 @@ class DetectionModelConfig(ModelConfig):
     # the image border from its zero padding. The box branch keeps its 3x3 convolutions.
     neck_kernel: Literal[1, 3] = 3
     class_kernel: Literal[1, 3] = 3
+    # Learned tokens without a position prepended to the image backbone's patches and dropped
+    # before the pyramid (Darcet et al., "Vision Transformers Need Registers", ICLR 2024).
+    # The detector has no CLS (nor has PaPE's official one); a position-free key changes what
+    # some encodings can express (the coco section of the README), this measures it.
+    register_tokens: int = Field(0, ge=0)
 
 
 class Detector(nn.Module):
@@ -58,9 +64,10 @@ class Detector(nn.Module):
         return self.head(self.pyramid(feature_map))
 
 
-def image_detection_geometry(image_size: tuple[int, int], patch: int) -> Geometry:
-    """The patch grid (row, col) in patch units; no CLS token (the head reads the grid)."""
-    return replace(image_geometry(image_size, patch), num_prefix_tokens=0)
+def image_detection_geometry(image_size: tuple[int, int], patch: int, registers: int = 0) -> Geometry:
+    """The patch grid (row, col) in patch units after ``registers`` position-free tokens; no
+    CLS token (the head reads the grid)."""
+    return replace(image_geometry(image_size, patch), num_prefix_tokens=registers)
 
 
 class ImageDetector(nn.Module):
@@ -82,13 +89,20 @@ class ImageDetector(nn.Module):
             model.dim, model.depth, model.num_heads, self.encoding, model.mlp_ratio, model.drop_path, model.dropout
         )
         self.detector = Detector(model.dim, model.patch_size, model, num_classes)
+        registers = geometry.num_prefix_tokens
+        # None without registers, so that checkpoints of register-free models keep their keys.
+        self.registers = nn.Parameter(torch.randn(registers, model.dim) * 0.02) if registers else None
         self.position_scale = 1.0  # position interpolation (PaPE Appendix B)
 
     def forward(self, images: Tensor) -> DetectorOutput:
         tokens = self.patch_embed(images)
         batch, dim, rows, cols = tokens.shape
-        layout = PositionLayout.grid(batch, (rows, cols), 0, device=tokens.device, scale=self.position_scale)
-        x = self.encoder(tokens.flatten(2).transpose(1, 2), layout)
+        x = tokens.flatten(2).transpose(1, 2)
+        prefix = 0 if self.registers is None else len(self.registers)
+        if self.registers is not None:
+            x = torch.cat([self.registers.expand(batch, -1, -1), x], dim=1)
+        layout = PositionLayout.grid(batch, (rows, cols), prefix, device=tokens.device, scale=self.position_scale)
+        x = self.encoder(x, layout)[:, prefix:]
         return self.detector(x.transpose(1, 2).reshape(batch, dim, rows, cols))
 
 

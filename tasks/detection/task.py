@@ -125,7 +125,8 @@ class Coco(DetectionTask):
     tiny_standin = "generated shapes on photographs; class = quadrant relative to a marker's patch (4 classes)"
 
     def geometry(self) -> Geometry:
-        return image_detection_geometry((self.data.image_size, self.data.image_size), self.config.model.patch_size)
+        model = self.config.model
+        return image_detection_geometry((self.data.image_size,) * 2, model.patch_size, model.register_tokens)  # type: ignore[attr-defined]
 
     def build_model(self, make_encoding: EncodingFactory) -> nn.Module:
         return ImageDetector(make_encoding, self.geometry(), self.config.model, 3, self.data.num_classes)  # type: ignore[arg-type]

@@ -224,3 +224,17 @@ def test_pointwise_class_path_relates_no_cells_while_the_box_branch_sees_neighbo
         assert all(got.sum() > want.sum() for got, want in zip(changed, expected, strict=True))
     box_changed = (after.one_to_one.box_logits - before.one_to_one.box_logits).abs().flatten(2).amax(2)[0] > 1e-6
     assert box_changed[256 : 256 + 64].view(8, 8).sum() > 1  # the 3x3 box branch sees neighbours either way
+
+
+def test_register_tokens_join_the_attention_and_leave_before_the_pyramid():
+    torch.manual_seed(0)
+    geometry = image_detection_geometry((32, 32), 8, registers=2)
+    assert geometry.num_prefix_tokens == 2
+    model = ImageDetector(EncodingFactory("pape", {"m": 4}), geometry, SMALL, in_channels=3, num_classes=3)
+    plain = _tiny_detector("pape")
+    images = torch.randn(2, 3, 32, 32)
+    out = model(images)
+    assert out.one_to_many.class_logits.shape == plain(images).one_to_many.class_logits.shape
+    out.one_to_many.class_logits.sum().backward()
+    assert model.registers.grad is not None and model.registers.grad.abs().sum() > 0  # they were attended
+    assert plain.registers is None  # no registers, no parameter: older checkpoints keep their keys
