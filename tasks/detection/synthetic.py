@@ -36,6 +36,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -99,8 +100,18 @@ def _paint(image: np.ndarray, mask: np.ndarray, top: int, left: int, colour: np.
     region[interior] = colour
 
 
+@dataclass(frozen=True)
+class SceneSpec:
+    """What every generated scene of one dataset shares."""
+
+    size: int  # image side, pixels
+    objects: tuple[int, int]  # objects per image, inclusive range
+    sides: tuple[int, int]  # box side, pixels, inclusive range
+    cell: int  # the grid the marker fills one cell of: the backbone's patch size
+
+
 def relation_scene(
-    rng: np.random.Generator, size: int, objects: tuple[int, int], sides: tuple[int, int], cell: int
+    rng: np.random.Generator, spec: SceneSpec
 ) -> tuple[np.ndarray, list[tuple[int, int, int, int]], list[int]]:
     """One image (size, size, 3) float in [0, 1], its boxes (x, y, w, h) and class indices.
 
@@ -109,6 +120,7 @@ def relation_scene(
     and strictly left or right of its column: every patch an object touches then sees the
     marker's patch at an offset whose signs are the object's class.
     """
+    size, objects, sides, cell = spec.size, spec.objects, spec.sides, spec.cell
     if size % cell or size // cell < 3 or cell < 5:
         raise ValueError(f"the image side ({size}) must be a multiple of the cell ({cell} >= 5 px), 3 cells or more")
     image = _background(rng, size)
@@ -145,16 +157,7 @@ def relation_scene(
     return image, boxes, labels
 
 
-def write_coco_split(
-    root: Path,
-    split: str,
-    count: int,
-    size: int,
-    objects: tuple[int, int],
-    sides: tuple[int, int],
-    cell: int,
-    seed: int,
-) -> None:
+def write_coco_split(root: Path, split: str, count: int, spec: SceneSpec, seed: int) -> None:
     """``count`` scenes as ``root/<split>/*.png`` and ``root/annotations/instances_<split>.json``."""
     from PIL import Image
 
@@ -163,10 +166,10 @@ def write_coco_split(
     (root / "annotations").mkdir(exist_ok=True)
     images, annotations = [], []
     for index in range(count):
-        image, boxes, labels = relation_scene(rng, size, objects, sides, cell)
+        image, boxes, labels = relation_scene(rng, spec)
         name = f"{index:012d}.png"
         Image.fromarray(np.rint(np.clip(image, 0, 1) * 255).astype(np.uint8)).save(root / split / name)
-        images.append({"id": index + 1, "file_name": name, "width": size, "height": size})
+        images.append({"id": index + 1, "file_name": name, "width": spec.size, "height": spec.size})
         for (x, y, w, h), label in zip(boxes, labels, strict=True):
             annotations.append(
                 {"id": len(annotations) + 1, "image_id": index + 1, "category_id": label + 1,
@@ -177,18 +180,10 @@ def write_coco_split(
     (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(payload))
 
 
-def tiny_coco(
-    train: int,
-    test: int,
-    size: int,
-    objects: tuple[int, int],
-    sides: tuple[int, int],
-    cell: int,
-    cache: Path | None = None,
-) -> Path:
+def tiny_coco(train: int, test: int, spec: SceneSpec, cache: Path | None = None) -> Path:
     """The generated dataset in the COCO 2017 layout (train2017/, val2017/, annotations/),
     written once per setting under the cache (atomically, so concurrent runs may share it)."""
-    settings = (GENERATOR_VERSION, train, test, size, objects, sides, cell)
+    settings = (GENERATOR_VERSION, train, test, spec.size, spec.objects, spec.sides, spec.cell)
     key = hashlib.sha1(repr(settings).encode()).hexdigest()[:12]
     root = (cache or cache_root()) / f"coco-tiny-{key}"
     if (root / "annotations" / "instances_val2017.json").is_file():
@@ -197,8 +192,8 @@ def tiny_coco(
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:
         # Fixed seeds per split: every method and seed trains and tests on the same images.
-        write_coco_split(staging, "train2017", train, size, objects, sides, cell, seed=7000)
-        write_coco_split(staging, "val2017", test, size, objects, sides, cell, seed=7001)
+        write_coco_split(staging, "train2017", train, spec, seed=7000)
+        write_coco_split(staging, "val2017", test, spec, seed=7001)
         try:
             staging.rename(root)
         except OSError:  # another process finished first: keep its copy

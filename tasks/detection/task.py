@@ -38,7 +38,7 @@ from .models import (
     image_detection_geometry,
 )
 from .module import DetectionModule
-from .synthetic import tiny_coco
+from .synthetic import SceneSpec, tiny_coco
 
 
 def held_out(count: int, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -95,7 +95,7 @@ class CocoDataModule(SplitDataModule):
     def root(self) -> Path:
         d = self.data
         if d.source == "generated":
-            return tiny_coco(d.train_size, d.test_size, d.image_size, d.objects, d.object_sides, d.cell)
+            return tiny_coco(d.train_size, d.test_size, SceneSpec(d.image_size, d.objects, d.object_sides, d.cell))
         return coco_root(Path(self.data_root or ".") / d.dataset_dir)
 
     def setup(self, stage: str | None = None) -> None:

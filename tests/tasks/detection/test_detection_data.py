@@ -28,7 +28,7 @@ from pe_bench.tasks.detection.gen1 import (
     rotate_boxes,
     write_dat,
 )
-from pe_bench.tasks.detection.synthetic import CLASSES, relation_scene, write_coco_split
+from pe_bench.tasks.detection.synthetic import CLASSES, SceneSpec, relation_scene, write_coco_split
 from pe_bench.tasks.detection.task import CocoDataModule, Gen1DataModule
 
 # --------------------------------------------------------------------------- COCO
@@ -123,7 +123,7 @@ def test_relation_scene_classes_are_quadrants_seen_from_the_marker_cell():
     rng = np.random.default_rng(3)
     counts = np.zeros(len(CLASSES), dtype=int)
     for _ in range(30):
-        image, boxes, labels = relation_scene(rng, 64, (2, 4), (8, 20), cell=8)
+        image, boxes, labels = relation_scene(rng, SceneSpec(64, (2, 4), (8, 20), cell=8))
         assert image.shape == (64, 64, 3) and image.min() >= 0 and image.max() <= 1
         # The marker is the only pure-white plus: its white pixels lie in one 8-px cell.
         rows, cols = np.nonzero(np.all(image == 1.0, axis=-1))
@@ -142,7 +142,7 @@ def test_relation_scene_classes_are_quadrants_seen_from_the_marker_cell():
 
 def test_relation_scene_rejects_a_cell_that_does_not_tile_the_image():
     with pytest.raises(ValueError, match="multiple of the cell"):
-        relation_scene(np.random.default_rng(0), 64, (2, 4), (8, 20), cell=7)
+        relation_scene(np.random.default_rng(0), SceneSpec(64, (2, 4), (8, 20), cell=7))
 
 
 def test_generated_coco_cell_must_be_the_patch(tmp_path):
@@ -152,7 +152,7 @@ def test_generated_coco_cell_must_be_the_patch(tmp_path):
 
 
 def test_tiny_coco_split_is_a_coco_file_the_loader_reads(tmp_path):
-    write_coco_split(tmp_path, "train2017", 3, 32, (1, 2), (6, 10), cell=8, seed=0)
+    write_coco_split(tmp_path, "train2017", 3, SceneSpec(32, (1, 2), (6, 10), cell=8), seed=0)
     images = CocoImages(tmp_path, "train2017")
     assert len(images) == 3 and images.class_names == list(CLASSES)
     image, target = images.load(0)
