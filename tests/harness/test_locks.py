@@ -142,7 +142,15 @@ def test_two_processes_on_one_folder_divide_the_cells(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_keeps_nothing_of_the_interrupted_cell_and_exits_130(tmp_path):
     args = run_args(tmp_path, "nopos", "--set", "optim.epochs=300")
-    process = subprocess.Popen(cli_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A suite started in the background (nohup, `&`) hands its children SIGINT ignored, and
+    # Python then keeps ignoring it, as it should: give the child the default disposition.
+    process = subprocess.Popen(
+        cli_command(*args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     folder = store.cell_dir(tmp_path, "imagenet", "nopos", 0).parent
     try:
         deadline = time.time() + 300
