@@ -22,7 +22,7 @@ from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout
 from pe_bench.harness.blocks import TransformerEncoder
 from pe_bench.harness.config import ModelConfig
 from pe_bench.tasks._shared.spiking_patches import EventBatch
-from pe_bench.tasks._shared.vit import image_geometry
+from pe_bench.tasks._shared.vit import image_geometry, prepend_token
 
 from .head import DetectorOutput, DualHead
 from .pyramid import LEVEL_SCALES, SimpleFeaturePyramid
@@ -91,16 +91,16 @@ class ImageDetector(nn.Module):
         self.detector = Detector(model.dim, model.patch_size, model, num_classes)
         registers = geometry.num_prefix_tokens
         # None without registers, so that checkpoints of register-free models keep their keys.
-        self.registers = nn.Parameter(torch.randn(registers, model.dim) * 0.02) if registers else None
+        self.registers = nn.Parameter(torch.randn(1, registers, model.dim) * 0.02) if registers else None
         self.position_scale = 1.0  # position interpolation (PaPE Appendix B)
 
     def forward(self, images: Tensor) -> DetectorOutput:
         tokens = self.patch_embed(images)
         batch, dim, rows, cols = tokens.shape
         x = tokens.flatten(2).transpose(1, 2)
-        prefix = 0 if self.registers is None else len(self.registers)
         if self.registers is not None:
-            x = torch.cat([self.registers.expand(batch, -1, -1), x], dim=1)
+            x = prepend_token(self.registers, x)
+        prefix = self.geometry.num_prefix_tokens
         layout = PositionLayout.grid(batch, (rows, cols), prefix, device=tokens.device, scale=self.position_scale)
         x = self.encoder(x, layout)[:, prefix:]
         return self.detector(x.transpose(1, 2).reshape(batch, dim, rows, cols))

@@ -126,7 +126,9 @@ def relation_scene(
     image = _background(rng, size)
     cells = size // cell
     col, row = (int(rng.integers(cells)) for _ in range(2))
-    marker = cell - 1 - (cell % 2 == 0)  # odd, so the plus has a centre pixel, with a free pixel around it
+    # The largest even side below the cell (6 px in an 8-px cell): at least a pixel of margin on
+    # each side, and the 3-px bars sit half a pixel off the square's centre.
+    marker = (cell - 1) // 2 * 2
     half = marker // 2
     plus = np.zeros((marker, marker), dtype=bool)
     plus[half - 1 : half + 2, :] = True

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset, get_worker_info
 
 from pe_bench.adapters import EncodingFactory, Geometry
-from pe_bench.harness.config import ConfigError, Strict
+from pe_bench.harness.config import ConfigError, RunConfig, Strict
 from pe_bench.harness.data import SplitDataModule
 from pe_bench.tasks._shared.spiking_patches import EventBatch, EventTokens, SpikingPatches, pad_tokens
 
@@ -124,6 +124,16 @@ class Coco(DetectionTask):
     data: CocoDataConfig
     tiny_standin = "generated shapes on photographs; class = quadrant relative to a marker's patch (4 classes)"
 
+    def __init__(self, config: RunConfig, data_root: Path | None = None) -> None:
+        super().__init__(config, data_root)
+        patch = config.model.patch_size
+        if self.data.source == "generated" and self.data.cell != patch:
+            raise ConfigError(
+                f"{config.task}/{config.profile}: data.cell ({self.data.cell}) must equal model.patch_size "
+                f"({patch}) for the generated scenes, so that the marker's cell is one patch; set both, e.g. "
+                f"--set coco:data.cell={patch}"
+            )
+
     def geometry(self) -> Geometry:
         model = self.config.model
         return image_detection_geometry((self.data.image_size,) * 2, model.patch_size, model.register_tokens)  # type: ignore[attr-defined]
@@ -132,12 +142,7 @@ class Coco(DetectionTask):
         return ImageDetector(make_encoding, self.geometry(), self.config.model, 3, self.data.num_classes)  # type: ignore[arg-type]
 
     def datamodule(self, seed: int) -> L.LightningDataModule:
-        optim, trainer, patch = self.config.optim, self.config.trainer, self.config.model.patch_size
-        if self.data.source == "generated" and self.data.cell != patch:
-            raise ConfigError(
-                f"coco: data.cell ({self.data.cell}) must equal model.patch_size ({patch}) for the generated "
-                f"scenes, so that the marker's cell is one patch; set both with --set coco:data.cell={patch}"
-            )
+        optim, trainer = self.config.optim, self.config.trainer
         return CocoDataModule(self.data, optim.batch_size, trainer.num_workers, seed, self.data_root)
 
     def check_data(self) -> None:

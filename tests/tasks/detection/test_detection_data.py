@@ -148,7 +148,7 @@ def test_relation_scene_rejects_a_cell_that_does_not_tile_the_image():
 def test_generated_coco_cell_must_be_the_patch(tmp_path):
     config = load_run_config("coco", "tiny", {"data": {"cell": 4}})
     with pytest.raises(ConfigError, match="data.cell"):
-        get_task("coco")(config, tmp_path).datamodule(0)
+        get_task("coco")(config, tmp_path)  # refused with the task, before any model or data
 
 
 def test_tiny_coco_split_is_a_coco_file_the_loader_reads(tmp_path):
