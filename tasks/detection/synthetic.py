@@ -1,7 +1,7 @@
 """The generated scenes of the tiny ``coco``: shapes whose class is where they lie relative to
 a marker, on crops of scikit-image's photographs, written in the COCO 2017 layout.
 
-Every image holds one marker (a white "plus" with a dark rim) filling one cell of the
+Every image holds one marker (a white "plus" with a dark rim) inside one cell of the
 backbone's patch grid (``cell`` pixels, the tiny profile's patch size), anywhere, and 2-4
 objects: disks, squares and triangles of several sizes and colours. An object's class is the
 quadrant it lies in as seen from the marker (above-left, above-right, below-left,
@@ -107,7 +107,7 @@ class SceneSpec:
     size: int  # image side, pixels
     objects: tuple[int, int]  # objects per image, inclusive range
     sides: tuple[int, int]  # box side, pixels, inclusive range
-    cell: int  # the grid the marker fills one cell of: the backbone's patch size
+    cell: int  # the grid the marker sits inside one cell of: the backbone's patch size
 
 
 def relation_scene(
@@ -115,7 +115,7 @@ def relation_scene(
 ) -> tuple[np.ndarray, list[tuple[int, int, int, int]], list[int]]:
     """One image (size, size, 3) float in [0, 1], its boxes (x, y, w, h) and class indices.
 
-    The marker fills one cell of the ``cell``-pixel grid (the backbone's patch grid), and
+    The marker sits inside one cell of the ``cell``-pixel grid (the backbone's patch grid), and
     every object lies wholly in the cells strictly above or below the marker's row of cells
     and strictly left or right of its column: every patch an object touches then sees the
     marker's patch at an offset whose signs are the object's class.

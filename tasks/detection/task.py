@@ -72,7 +72,7 @@ class CocoDataConfig(Strict):
     test_size: int = 0
     objects: tuple[int, int] = (2, 4)  # objects per image, inclusive range
     object_sides: tuple[int, int] = (8, 20)  # box side in pixels, inclusive range
-    # The grid the marker fills one cell of (pixels); objects keep out of its row and column of
+    # The grid the marker sits inside one cell of (pixels); objects keep out of its row and column of
     # cells. Set it to the backbone's patch size (checked), so the relation holds between patches.
     cell: int = 8
 
