@@ -32,7 +32,15 @@ import math
 import torch
 from torch import Tensor
 
-from .base import AttentionInputs, LayerEncoding, PositionEncoding, PositionLayout, Principle, ScoreMod
+from .base import (
+    AttentionInputs,
+    LayerEncoding,
+    PositionEncoding,
+    PositionLayout,
+    Principle,
+    ScoreMod,
+    first_sample_if_shared,
+)
 from .registry import register
 
 
@@ -84,6 +92,7 @@ class ALiBiLayer(LayerEncoding):
         self.register_buffer("slopes", slopes, persistent=False)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        inputs = first_sample_if_shared(inputs)  # a grid's bias is built once, not per sample
         r_q, r_k = query_key_coords(inputs)
         # Direct differences, not the |a|^2 + |b|^2 - 2ab expansion: exact translation invariance.
         dist = torch.cdist(r_q, r_k, compute_mode="donot_use_mm_for_euclid_dist")  # (B, Nq, Nk)

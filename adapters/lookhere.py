@@ -97,7 +97,15 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle, ScoreMod
+from .base import (
+    AttentionInputs,
+    EncodingOptions,
+    LayerEncoding,
+    PositionEncoding,
+    Principle,
+    ScoreMod,
+    first_sample_if_shared,
+)
 from .registry import register
 
 #: Compass directions as (d_row, d_col) normals; "up" is -row on an image.
@@ -275,6 +283,7 @@ class LookHereLayer(LayerEncoding):
         return admissible.any(-1)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        inputs = first_sample_if_shared(inputs)  # a grid's bias is built once, not per sample
         query, key = inputs.query, inputs.key
         cq, ck = self._coords(inputs)
         delta = ck.unsqueeze(1) - cq.unsqueeze(2)  # (B, Nq, Nk, 2): r_j - r_i

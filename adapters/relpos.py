@@ -31,7 +31,15 @@ import torch
 from torch import Tensor, nn
 
 from .alibi import pair_mask, pairwise_score_mod, query_key_coords
-from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle, ScoreMod
+from .base import (
+    AttentionInputs,
+    EncodingOptions,
+    LayerEncoding,
+    PositionEncoding,
+    Principle,
+    ScoreMod,
+    first_sample_if_shared,
+)
 from .registry import register
 
 IRREGULAR_WINDOW = 16
@@ -64,6 +72,7 @@ class RelPosLayer(LayerEncoding):
         return (offset * self.strides).sum(-1)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        inputs = first_sample_if_shared(inputs)  # a grid's bias is built once, not per sample
         index = self.cell_index(inputs)
         bias = self.table[:, index].movedim(0, 1)  # (B, H, Nq, Nk)
         return bias * pair_mask(inputs)

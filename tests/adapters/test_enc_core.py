@@ -179,3 +179,22 @@ def test_foundation_encodings_build_in_a_vit_and_run_at_another_resolution(name)
     model = ViT(make_encoding, image_geometry((16, 16), 4), config, 3, 5).eval()
     assert model(torch.randn(2, 3, 16, 16)).shape == (2, 5)
     assert torch.isfinite(model(torch.randn(1, 3, 24, 32))).all()  # non-square, larger grid
+
+
+@pytest.mark.parametrize("name", ["alibi", "lookhere", "relpos"])
+def test_grid_bias_is_built_once_for_the_batch_and_changes_nothing(name):
+    """A grid layout is shared by every sample (expanded): position-only biases are built for
+    one sample and broadcast; the attention equals that of per-sample copies of the layout."""
+    from pe_bench.adapters.base import AttentionInputs
+    from pe_bench.harness.conformance.probes import make_attention
+
+    shared = PositionLayout.grid(3, (4, 5), num_prefix_tokens=1)
+    shared = shared.with_coords(shared.coords[:1].double().expand(3, -1, -1))  # still one grid for all
+    copies = PositionLayout(coords=shared.coords.clone(), has_pos=shared.has_pos.clone(), grid_shape=(4, 5))
+    attn = make_attention(name, 2, grid_shape=(4, 5))
+    x = torch.randn(3, 21, attn.qkv.in_features, dtype=torch.float64)
+    layer = attn.encoding
+    assert layer.bias(None, None, AttentionInputs(x_q=x, x_k=x, query=shared, key=shared)).shape[0] == 1
+    per_sample = layer.bias(None, None, AttentionInputs(x_q=x, x_k=x, query=copies, key=copies))
+    assert per_sample.shape[0] == 3
+    torch.testing.assert_close(attn(x, shared), attn(x, copies), rtol=0, atol=0)
