@@ -32,6 +32,8 @@ class AbsPosOptions(EncodingOptions):
 
 @register("abspos")
 class LearnableAbsolute(PositionEncoding):
+    tables = frozenset({"table"})  # position-indexed: optim.table_lr_scale applies
+
     principles = frozenset({Principle.FUSED_KERNEL})
     requires_grid = True
     supports_position_interpolation = False  # the table is resized bicubically instead

@@ -171,6 +171,11 @@ MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 class LayerEncoding(nn.Module):
     """Per-attention-layer part of an encoding. Default: does nothing."""
 
+    #: names of this module's parameters that are position-indexed tables (an entry per
+    #: position or offset, added or embedded as it is): the parameters
+    #: ``optim.table_lr_scale`` applies to (see :func:`position_table_parameters`).
+    tables: ClassVar[frozenset[str]] = frozenset()
+
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         """q: (B, H, Nq, E), k: (B, H, Nk, E) -> transformed (may widen E, equally for q and k)."""
         return q, k
@@ -202,6 +207,8 @@ class PositionEncoding(nn.Module):
     """
 
     name: ClassVar[str] = ""
+    #: position-indexed table parameters of this module (as :attr:`LayerEncoding.tables`).
+    tables: ClassVar[frozenset[str]] = frozenset()
     #: principles the encoding claims; the conformance suite measures every claim.
     principles: ClassVar[frozenset[Principle]] = frozenset()
     #: position dimensionalities supported; None = any P.
@@ -257,6 +264,19 @@ class PositionEncoding(nn.Module):
     def make_layer(self, layer_index: int) -> LayerEncoding | None:
         """Per-layer module for attention layer ``layer_index`` (None = no per-layer action)."""
         return None
+
+
+def position_table_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The position-indexed tables among :func:`positional_parameters` (each encoding module
+    names its own in ``tables``): entries that a short schedule must grow from about zero,
+    unlike projections (PaPE's W_p, rope-mixed's frequencies), whose effect a step of the
+    learning rate already scales by the positions or features they multiply."""
+    return [
+        getattr(module, name)
+        for module in model.modules()
+        if isinstance(module, (PositionEncoding, LayerEncoding))
+        for name in sorted(module.tables)
+    ]
 
 
 def positional_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:

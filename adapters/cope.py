@@ -109,6 +109,8 @@ def causal_keep(n_q: int, n_k: int, device: torch.device) -> Tensor:
 
 
 class CoPELayer(LayerEncoding):
+    tables = frozenset({"pos_emb"})  # position-indexed: optim.table_lr_scale applies
+
     def __init__(self, head_dim: int, npos_max: int, init_std: float) -> None:
         super().__init__()
         self.pos_emb = nn.Parameter(torch.zeros(head_dim, npos_max))

@@ -50,6 +50,8 @@ class RelPosOptions(EncodingOptions):
 
 
 class RelPosLayer(LayerEncoding):
+    tables = frozenset({"table"})  # position-indexed: optim.table_lr_scale applies
+
     def __init__(self, num_heads: int, window: tuple[int, ...]) -> None:
         super().__init__()
         self.window_cells = tuple(window)

@@ -102,6 +102,8 @@ def cell_indices(layout: PositionLayout) -> tuple[Tensor, tuple[int, int]]:
 
 
 class SaPE2Layer(LayerEncoding):
+    tables = frozenset({"emb_x", "emb_y"})  # position-indexed: optim.table_lr_scale applies
+
     def __init__(self, head_dim: int, npos_max: int, options: SaPE2Options) -> None:
         super().__init__()
         self.mode = options.mode

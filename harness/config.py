@@ -82,9 +82,9 @@ class OptimConfig(Strict):
     batch_size: int = Field(ge=1)
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
     grad_clip: float | None = Field(None, gt=0.0)
-    # Learning rate of every position-encoding parameter relative to ``lr`` (see
-    # harness/module.py parameter_groups); 1 = the papers' setting.
-    positional_lr_scale: float = Field(1.0, ge=0.0)
+    # Learning rate of the position-indexed tables (abspos, relpos, SaPE², CoPE) relative to
+    # ``lr`` (see harness/module.py parameter_groups); 1 = the papers' setting.
+    table_lr_scale: float = Field(1.0, ge=0.0)
 
 
 # What ``lightning.Trainer(precision=...)`` accepts (its full names and short aliases), plus

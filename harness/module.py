@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from pe_bench.adapters.base import positional_parameters
+from pe_bench.adapters.base import position_table_parameters, positional_parameters
 
 from .config import OptimConfig
 
@@ -29,32 +29,40 @@ class DivergedError(RuntimeError):
     """Training produced a non-finite loss."""
 
 
-def parameter_groups(model: nn.Module, weight_decay: float, lr: float, positional_lr_scale: float = 1.0) -> list[dict]:
-    """Trainable parameters in three groups, each with its own ``lr``:
+def parameter_groups(model: nn.Module, weight_decay: float, lr: float, table_lr_scale: float = 1.0) -> list[dict]:
+    """Trainable parameters in four groups, each with its own ``lr``:
 
     * decayed: weight matrices of the content path;
     * not decayed: biases and norms (fewer than 2 dimensions);
-    * positional: every parameter owned by a position encoding (tables, slopes, projections;
-      :func:`~pe_bench.adapters.base.positional_parameters`), never decayed — as timm's
-      ``no_weight_decay`` exempts position embeddings — and trained at
-      ``lr * positional_lr_scale``. Decay would pull a relative-position table towards the
-      "no position" solution that the encoding exists to leave; the scale lets a learned
-      table grow within a short schedule (Adam moves an entry by about lr per step).
+    * positional: every other parameter owned by a position encoding (slopes, projections,
+      frequencies; :func:`~pe_bench.adapters.base.positional_parameters`), never decayed — as
+      timm's ``no_weight_decay`` exempts position embeddings: decay would pull a
+      relative-position table towards the "no position" solution the encoding exists to leave;
+    * position tables: the position-indexed tables among those (abspos, relpos, SaPE², CoPE;
+      :func:`~pe_bench.adapters.base.position_table_parameters`), never decayed and trained at
+      ``lr * table_lr_scale``: Adam moves an entry by about lr per step, so a short schedule
+      cannot grow a table otherwise. Projections keep ``lr``: a step already moves their effect
+      by lr times the positions or features they multiply (a global scale of 30 cost PaPE
+      40-50 points on the tiny dvsgesture).
     Empty groups are dropped.
     """
     positional_ids = {id(param) for _, param in positional_parameters(model)}
-    decay, no_decay, positional = [], [], []
+    table_ids = {id(param) for param in position_table_parameters(model)}
+    decay, no_decay, positional, tables = [], [], [], []
     for param in model.parameters():
         if not param.requires_grad:
             continue
-        if id(param) in positional_ids:
+        if id(param) in table_ids:
+            tables.append(param)
+        elif id(param) in positional_ids:
             positional.append(param)
         else:
             (no_decay if param.ndim < 2 else decay).append(param)
     groups = [
         {"params": decay, "weight_decay": weight_decay, "lr": lr},
         {"params": no_decay, "weight_decay": 0.0, "lr": lr},
-        {"params": positional, "weight_decay": 0.0, "lr": lr * positional_lr_scale},
+        {"params": positional, "weight_decay": 0.0, "lr": lr},
+        {"params": tables, "weight_decay": 0.0, "lr": lr * table_lr_scale},
     ]
     return [group for group in groups if group["params"]]
 
@@ -101,7 +109,7 @@ class TaskModule(L.LightningModule):
     def configure_optimizers(self) -> dict:
         """Optimiser and per-step OneCycle schedule, as Lightning takes them."""
         optim = self.optim
-        groups = parameter_groups(self.model, optim.weight_decay, optim.lr, optim.positional_lr_scale)
+        groups = parameter_groups(self.model, optim.weight_decay, optim.lr, optim.table_lr_scale)
         opt_cls = torch.optim.AdamW if optim.optimizer == "adamw" else torch.optim.Adam
         optimizer = opt_cls(groups, lr=optim.lr, betas=optim.betas)
         # OneCycle needs a warm-up phase of more than one step and a decay phase after it; very

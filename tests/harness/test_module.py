@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from pe_bench.adapters import EncodingFactory, Geometry, LayerEncoding, PositionEncoding
 from pe_bench.adapters import build as build_encoding
-from pe_bench.adapters.base import positional_parameters
+from pe_bench.adapters.base import position_table_parameters, positional_parameters
 from pe_bench.harness.config import OptimConfig, load_run_config
 from pe_bench.harness.module import DivergedError, TaskModule, parameter_groups
 from pe_bench.tasks import get_task
@@ -77,26 +77,43 @@ def test_an_encoding_is_counted_once_however_often_it_is_reachable():
     assert count(shared) == sum(p.numel() for p in layer.parameters()) > 0
 
 
-def test_weight_decay_and_positional_learning_rate_groups():
+def test_weight_decay_positional_and_table_learning_rate_groups():
     model = Holder()
     model.table_like = nn.Parameter(torch.zeros(2, 3, 4))  # 3-D but not positional: decayed
-    decay, no_decay, positional = parameter_groups(model, 0.05, lr=1e-3, positional_lr_scale=30.0)
-    ids = {name: {id(p) for p in group["params"]} for name, group in (("d", decay), ("n", no_decay), ("p", positional))}
-    # Every parameter owned by an encoding, whatever its shape, is positional: no decay, scaled lr.
-    for param in [*model.source_side.parameters(), *model.per_layer.parameters()]:
-        assert id(param) in ids["p"] and id(param) not in ids["d"] | ids["n"]
-    assert positional["weight_decay"] == 0.0 and positional["lr"] == pytest.approx(3e-2)
+    decay, no_decay, positional, tables = parameter_groups(model, 0.05, lr=1e-3, table_lr_scale=30.0)
+    groups = (("d", decay), ("n", no_decay), ("p", positional), ("t", tables))
+    ids = {name: {id(p) for p in group["params"]} for name, group in groups}
+    # abspos's table is a position table (scaled lr); PaPE's W_p and W_a/W_b are projections
+    # (plain lr); neither is decayed.
+    assert ids["t"] == {id(model.source_side.table)}
+    assert ids["p"] == {id(p) for p in model.per_layer.parameters()}
+    assert tables["lr"] == pytest.approx(3e-2) and positional["lr"] == pytest.approx(1e-3)
+    assert tables["weight_decay"] == positional["weight_decay"] == 0.0
     assert id(model.encoding.weight) in ids["d"] and id(model.encoding.bias) in ids["n"]
     assert id(model.table_like) in ids["d"]
     assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
     assert decay["lr"] == no_decay["lr"] == 1e-3
 
 
-def test_the_schedule_keeps_the_positional_scale(tmp_path):
+@pytest.mark.parametrize(
+    ("method", "tables"),
+    [("abspos", {"table"}), ("relpos", {"table"}), ("sape2", {"emb_x", "emb_y"}), ("cope", {"pos_emb"}),
+     ("pape", set()), ("rope-mixed", set()), ("string-circulant", set()), ("wepe", set())],
+)  # fmt: skip
+def test_position_tables_are_the_position_indexed_parameters(tiny_imagenet, method, tables):
+    task, config = tiny_imagenet
+    model = task.build_model(EncodingFactory(method, dict(config.methods.get(method, {}))))
+    table_ids = {id(p) for p in position_table_parameters(model)}
+    named = {name.rsplit(".", 1)[-1] for name, p in positional_parameters(model) if id(p) in table_ids}
+    assert named == tables
+    assert table_ids <= {id(p) for _, p in positional_parameters(model)}
+
+
+def test_the_schedule_keeps_the_table_scale(tmp_path):
     from pe_bench.harness.config import OptimConfig
     from pe_bench.harness.module import TaskModule as Base
 
-    module = Base(Holder(), OptimConfig(lr=1e-3, epochs=1, batch_size=1, positional_lr_scale=10.0))
+    module = Base(Holder(), OptimConfig(lr=1e-3, epochs=1, batch_size=1, table_lr_scale=10.0))
     module.trainer = type("T", (), {"estimated_stepping_batches": 100})()
     optimizer = module.configure_optimizers()["optimizer"]
     peaks = [group["max_lr"] for group in optimizer.param_groups]
