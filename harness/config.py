@@ -144,6 +144,20 @@ class RunConfig(Strict):
         return value
 
 
+#: Typed config keys removed from the code, with the value at which a cell that stored them
+#: ran exactly as cells without them do: a stored retired key at that value is no difference
+#: (older result folders stay usable); at any other value it is one.
+RETIRED_KEYS: dict[str, Any] = {
+    # replaced by optim.table_lr_scale (tables only); 1.0 scaled nothing, as the new key's 1.0
+    "optim.positional_lr_scale": 1.0,
+}
+
+
+def retired_at_default(dotted: str, value: Any) -> bool:
+    """Whether ``dotted`` is a retired key stored at its no-change value."""
+    return dotted in RETIRED_KEYS and value == RETIRED_KEYS[dotted]
+
+
 class ConfigError(ValueError):
     pass
 

@@ -30,7 +30,7 @@ from pe_bench.adapters.base import positional_parameters
 from pe_bench.tasks import Task, get_task
 
 from ..compile import maybe_compile
-from ..config import RunConfig, deep_merge, load_run_config
+from ..config import RunConfig, deep_merge, load_run_config, retired_at_default
 from ..module import DivergedError
 from ..reports.tables import write_extra_tables
 from . import ddp, store
@@ -375,6 +375,8 @@ def config_differences(stored: dict[str, Any], requested: dict[str, Any], prefix
         if dotted in _UNCOMPARED:
             continue
         if key not in stored and prefix.split(".")[0] in _TYPED:
+            continue
+        if key not in requested and retired_at_default(dotted, stored[key]):
             continue
         old, new = stored.get(key), requested.get(key)
         if isinstance(old, dict) and isinstance(new, dict):

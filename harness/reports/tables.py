@@ -40,6 +40,7 @@ import yaml
 
 from pe_bench.harness.grid import store
 
+from ..config import RETIRED_KEYS, retired_at_default
 from . import latex
 from .stats import paired_p_value, t_interval
 
@@ -182,8 +183,11 @@ def config_differences(flat: dict[str, Any], reference: dict[str, Any]) -> list[
     """``key=value (others: value)`` for every result-relevant key where ``flat`` differs."""
     differences = []
     for key in sorted(set(flat) | set(reference)):
-        if (key not in flat or key not in reference) and key.split(".")[0] in _TYPED_SECTIONS:
-            continue
+        one_sided = key not in flat or key not in reference
+        if one_sided and key.split(".")[0] in _TYPED_SECTIONS:
+            value = flat[key] if key in flat else reference[key]
+            if key not in RETIRED_KEYS or retired_at_default(key, value):
+                continue  # a field added since (at its default), or retired at its no-change value
         mine, theirs = flat.get(key, _ABSENT), reference.get(key, _ABSENT)
         if mine is _ABSENT or theirs is _ABSENT or _canonical(mine) != _canonical(theirs):
             differences.append(f"{key}={_show(mine)} (others: {_show(theirs)})")

@@ -189,3 +189,21 @@ def test_finished_cells_of_another_configuration_are_not_reused(tmp_path, capsys
         "data.b: None stored, 2 requested",
         "model.dim: 32 stored, 64 requested",
     ]
+
+
+def test_a_retired_key_at_its_no_change_value_is_no_difference():
+    """Cells stored before optim.positional_lr_scale was replaced by table_lr_scale stay
+    usable at 1.0 (it scaled nothing); at another value they differ, in both checks."""
+    from pe_bench.harness.grid.runner import config_differences
+    from pe_bench.harness.reports import tables
+
+    requested = {"optim": {"lr": 0.002, "table_lr_scale": 1.0}}
+    assert config_differences({"optim": {"lr": 0.002, "positional_lr_scale": 1.0}}, requested) == []
+    assert config_differences({"optim": {"lr": 0.002, "positional_lr_scale": 30.0}}, requested) == [
+        "optim.positional_lr_scale: 30.0 stored, None requested"
+    ]
+    flat = {"optim.lr": 0.002, "optim.table_lr_scale": 1.0}
+    assert tables.config_differences({"optim.lr": 0.002, "optim.positional_lr_scale": 1.0}, flat) == []
+    assert tables.config_differences({"optim.lr": 0.002, "optim.positional_lr_scale": 30.0}, flat) == [
+        "optim.positional_lr_scale=30.0 (others: absent)"
+    ]
