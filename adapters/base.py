@@ -134,7 +134,7 @@ def first_sample_if_shared(inputs: AttentionInputs) -> AttentionInputs:
     """``inputs`` cut to its first sample when all samples share their positions, position
     flags and padding, else ``inputs`` unchanged.
 
-    For a bias that depends on positions alone (ALiBi, LookHere) the cut gives a
+    For a bias that depends on positions alone (ALiBi, LookHere, relpos) the cut gives a
     (1, H, Nq, Nk) bias that SDPA broadcasts over the batch, instead of B identical copies:
     at 24 x 24 patches and batch 64 those copies made LookHere's dense bias 20x the cost of
     its attention. Sharing is read from the strides (a grid layout is expanded, stride 0),
