@@ -264,13 +264,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         config = load_run_config(name, args.profile, request.overrides_for(name))
         require_trackers(config.trainer.logger)
         get_task(name)(config, args.data_root).check_data()
+    # Before the dry run too: the executor sets the CPU threads its cells run (and are stored) with.
+    request.executor = _executor(args)
     if args.dry_run:
         from pe_bench.harness.grid.plan import CONFLICT, format_plan, plan_grid
 
         planned = plan_grid(request)
         print(format_plan(request, planned))
         return 2 if any(cell.action == CONFLICT for cell in planned) else 0
-    request.executor = _executor(args)
     records = run_grid(request)
     print()
     print(write_tables(args.out))

@@ -15,9 +15,8 @@ import yaml
 
 from pe_bench.tasks import get_task
 
-from ..config import load_run_config
 from . import store
-from .runner import GridRequest, config_differences, resolved_config
+from .runner import GridRequest, requested_run_config, resolved_config, stored_config_differences
 
 TRAIN, REUSE, RETRY, NOT_APPLICABLE, CONFLICT = "train", "reuse", "retry", "n/a", "conflict"
 
@@ -35,7 +34,7 @@ def plan_grid(request: GridRequest) -> list[PlannedCell]:
     """Every cell of ``request`` with what running it would do."""
     planned = []
     for task_name in request.tasks:
-        config = load_run_config(task_name, request.profile, request.overrides_for(task_name))
+        config = requested_run_config(request, task_name)
         task = get_task(task_name)(config, request.data_root)
         for method in request.methods:
             options = method.merged_options(config.methods.get(method.name))
@@ -59,7 +58,7 @@ def _decide(cell, profile: str, requested: dict, not_applicable: str | None) -> 
     if existing.status != store.STATUS_OK:
         return RETRY, f"last time {existing.status}: {existing.reason.splitlines()[0][:120]}"
     stored = cell / "config.yaml"
-    differences = config_differences(yaml.safe_load(stored.read_text()), requested) if stored.is_file() else []
+    differences = stored_config_differences(yaml.safe_load(stored.read_text()), requested) if stored.is_file() else []
     if differences:
         more = f"; {len(differences) - 2} more" if len(differences) > 2 else ""
         return CONFLICT, "trained with another configuration: " + "; ".join(differences[:2]) + more

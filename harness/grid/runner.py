@@ -30,7 +30,8 @@ from pe_bench.adapters.base import positional_parameters
 from pe_bench.tasks import Task, get_task
 
 from ..compile import maybe_compile
-from ..config import RunConfig, deep_merge, load_run_config, retired_at_default
+from ..config import RunConfig, deep_merge, load_run_config
+from ..config_diff import ABSENT, config_differences
 from ..module import DivergedError
 from ..reports.tables import write_extra_tables
 from . import ddp, store
@@ -350,40 +351,36 @@ def resolved_config(config: RunConfig, method: MethodSpec, options: dict) -> dic
     return config.model_dump(mode="json") | {"method": method.label, "encoding": method.name, "options": options}
 
 
-# Settings a finished cell may differ in and still be reused: only those that cannot change
-# what it measures. Everything else counts, the ``trainer`` section included: precision and
-# accelerator change the arithmetic, devices/num_nodes/strategy the global batch and its
-# reduction, threads the order of CPU reductions, max_time where training stops, and
-# num_workers the random augmentations (each data-loader worker draws from its own seeded
-# stream, so 0 and 4 workers crop and flip differently).
-_UNCOMPARED = frozenset(
-    {
-        "methods",  # every method's options; the cell's own are compared under ``options``
-        "trainer.logger",  # experiment trackers only watch the run
-    }
-)
-# Typed sections: a key missing from an older cell's file is a field added to the code since,
-# at its default. ``data`` and ``options`` are free-form: a missing key there is a real change.
-_TYPED = ("model", "optim", "trainer")
+# Settings a finished cell may differ in and still be reused are only those that cannot change
+# what it measures (harness/config_diff.py): experiment trackers. Everything else counts, the
+# ``trainer`` section included: precision and accelerator change the arithmetic,
+# devices/num_nodes/strategy the global batch and its reduction, threads the order of CPU
+# reductions, max_time where training stops, and num_workers the random augmentations (each
+# data-loader worker draws from its own seeded stream, so 0 and 4 workers crop and flip
+# differently). Every method's options (``methods``) are not compared: the cell's own are, under
+# ``options``.
+def stored_config_differences(stored: dict[str, Any], requested: dict[str, Any]) -> list[str]:
+    """Why a stored cell config is not what is requested now, one line per differing key."""
+    task = str(requested.get("task", stored.get("task", "")))
+    mine, theirs = ({k: v for k, v in c.items() if k != "methods"} for c in (stored, requested))
+    return [
+        f"{key}: {_shown(old)} stored, {_shown(new)} requested"
+        for key, old, new in config_differences(task, mine, theirs)
+    ]
 
 
-def config_differences(stored: dict[str, Any], requested: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between a stored cell config and a requested one."""
-    differences = []
-    for key in sorted(set(stored) | set(requested)):
-        dotted = f"{prefix}{key}"
-        if dotted in _UNCOMPARED:
-            continue
-        if key not in stored and prefix.split(".")[0] in _TYPED:
-            continue
-        if key not in requested and retired_at_default(dotted, stored[key]):
-            continue
-        old, new = stored.get(key), requested.get(key)
-        if isinstance(old, dict) and isinstance(new, dict):
-            differences += config_differences(old, new, f"{dotted}.")
-        elif old != new:
-            differences.append(f"{dotted}: {old!r} stored, {new!r} requested")
-    return differences
+def _shown(value: Any) -> str:
+    return "absent" if value is ABSENT else repr(value)
+
+
+def requested_run_config(request: GridRequest, task_name: str) -> RunConfig:
+    """What a cell of ``task_name`` runs, and stores, under ``request``: the profile with the
+    overrides, and the CPU threads of the executor (if any) that will run it."""
+    config = load_run_config(task_name, request.profile, request.overrides_for(task_name))
+    if request.executor is None:
+        return config
+    trainer = config.trainer.model_copy(update={"threads": request.executor.cell_threads(config)})
+    return config.model_copy(update={"trainer": trainer})
 
 
 def check_consistency(request: GridRequest) -> None:
@@ -392,10 +389,7 @@ def check_consistency(request: GridRequest) -> None:
     A cell whose config.yaml is missing or damaged is not finished (store.read_cell): it is
     trained again rather than trusted unchecked."""
     for task_name in request.tasks:
-        config = load_run_config(task_name, request.profile, request.overrides_for(task_name))
-        if request.executor is not None:  # its cells run (and are stored) with the executor's threads
-            trainer = config.trainer.model_copy(update={"threads": request.executor.cell_threads(config)})
-            config = config.model_copy(update={"trainer": trainer})
+        config = requested_run_config(request, task_name)
         for method in request.methods:
             options = method.merged_options(config.methods.get(method.name))
             requested = resolved_config(config, method, options)
@@ -410,7 +404,7 @@ def check_consistency(request: GridRequest) -> None:
                     )
                 if not stored.finished or stored.config is None:
                     continue
-                differences = config_differences(stored.config, requested)
+                differences = stored_config_differences(stored.config, requested)
                 if differences:
                     raise ValueError(
                         f"{cell} was trained with another configuration ("

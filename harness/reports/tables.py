@@ -12,9 +12,10 @@ What a table guarantees:
   for are those of the task found in the stored records of any of its methods (finished,
   failed or diverged). A cell without any finished seed reads ``failed`` or ``diverged``.
 - Configuration. Every finished cell's ``config.yaml`` is read. Per task, the configuration
-  most cells share (ignoring the per-method keys and ``RESULT_NEUTRAL_TRAINER_KEYS``) is the
-  task's; a cell trained otherwise is marked ``†`` and the footnote names the differing
-  keys. A finished cell without a readable config.yaml is left out and listed.
+  most cells share (ignoring the per-method keys, and comparing the rest by the rules of
+  harness/config_diff.py, as the grid runner does) is the task's; a cell trained otherwise
+  is marked ``†`` and the footnote names the differing keys. A finished cell without a
+  readable config.yaml is left out and listed.
 - Ranking. Only complete cells (every seed asked for) of the task's configuration are
   ranked; a cell with missing seeds or another configuration is never marked best. By
   default the best cell is bold together with every ranked cell not significantly different
@@ -27,7 +28,6 @@ What a table guarantees:
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -40,20 +40,14 @@ import yaml
 
 from pe_bench.harness.grid import store
 
-from ..config import RETIRED_KEYS, retired_at_default
+from ..config_diff import ABSENT, canonical, flatten
+from ..config_diff import config_differences as diff_configs
 from . import latex
 from .stats import paired_p_value, t_interval
 
 CONFIG = "config.yaml"
 # Keys of a cell's config that belong to its method, not to the task's setting.
 PER_METHOD_KEYS = ("method", "encoding", "options", "methods")
-# Trainer keys that cannot change a result: the number of data-loading worker processes only
-# changes how fast batches arrive (the data order is seeded independently of it). Device,
-# precision, thread and time-cap keys can change the numbers and are compared.
-RESULT_NEUTRAL_TRAINER_KEYS = ("num_workers",)
-# Typed config sections: a key missing from one cell's file is a field added to the code since,
-# at its default, not a difference (as the grid runner's consistency check treats it).
-_TYPED_SECTIONS = ("model", "optim")
 
 SUMMARY_COLUMNS = [
     "task", "method", "metric", "higher_is_better", "mean", "std", "n", "asked", "failed", "diverged",
@@ -144,54 +138,28 @@ def asked_seeds(results: StoredResults) -> dict[str, list[int]]:
 
 # --- configurations -----------------------------------------------------------------------
 
-_ABSENT = object()
-
 
 def result_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The keys of a cell config that can change its result, flattened to dotted names."""
-    tree = {k: v for k, v in config.items() if k not in PER_METHOD_KEYS}
-    if isinstance(tree.get("trainer"), dict):
-        tree["trainer"] = {k: v for k, v in tree["trainer"].items() if k not in RESULT_NEUTRAL_TRAINER_KEYS}
-    return _flatten(tree)
+    """A cell config without the keys that belong to its method (compared across methods)."""
+    return {k: v for k, v in config.items() if k not in PER_METHOD_KEYS}
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
-
-
-def _fingerprint(flat: dict[str, Any]) -> frozenset[tuple[str, str]]:
-    return frozenset((key, _canonical(value)) for key, value in flat.items())
+def _fingerprint(tree: dict[str, Any]) -> frozenset[tuple[str, str]]:
+    return frozenset((key, canonical(value)) for key, value in flatten(tree).items())
 
 
 def _show(value: Any) -> str:
-    if value is _ABSENT:
+    if value is ABSENT:
         return "absent"
-    return value if isinstance(value, str) else _canonical(value)
+    return value if isinstance(value, str) else canonical(value)
 
 
-def config_differences(flat: dict[str, Any], reference: dict[str, Any]) -> list[str]:
-    """``key=value (others: value)`` for every result-relevant key where ``flat`` differs."""
-    differences = []
-    for key in sorted(set(flat) | set(reference)):
-        one_sided = key not in flat or key not in reference
-        if one_sided and key.split(".")[0] in _TYPED_SECTIONS:
-            value = flat[key] if key in flat else reference[key]
-            if key not in RETIRED_KEYS or retired_at_default(key, value):
-                continue  # a field added since (at its default), or retired at its no-change value
-        mine, theirs = flat.get(key, _ABSENT), reference.get(key, _ABSENT)
-        if mine is _ABSENT or theirs is _ABSENT or _canonical(mine) != _canonical(theirs):
-            differences.append(f"{key}={_show(mine)} (others: {_show(theirs)})")
-    return differences
+def config_differences(task: str, tree: dict[str, Any], reference: dict[str, Any]) -> list[str]:
+    """``key=value (others: value)`` for every result-relevant key where ``tree`` differs from
+    the task's ``reference`` (the rules of harness/config_diff.py, as the grid runner's)."""
+    return [
+        f"{key}={_show(mine)} (others: {_show(theirs)})" for key, mine, theirs in diff_configs(task, tree, reference)
+    ]
 
 
 @dataclass(frozen=True)
@@ -220,7 +188,7 @@ def check_configs(results: StoredResults) -> ConfigCheck:
             ties.append(task)
         reference = next(flat for _, flat in cells if _fingerprint(flat) == common[0][0])
         for key, flat in cells:
-            differences = config_differences(flat, reference)
+            differences = config_differences(task, flat, reference)
             if differences:
                 outliers[key] = ", ".join(differences)
     return ConfigCheck(outliers, ties)

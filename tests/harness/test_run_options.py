@@ -56,3 +56,21 @@ def test_dry_run_plans_every_cell_and_trains_nothing(tmp_path, capsys):
     assert "  train    imagenet · abspos · seed 0" in lines and "  train    modelnet40 · rope · seed 0" in lines
     assert "would do: 4 train, 1 retry, 1 reuse, 1 n/a, 1 conflict" in lines  # abspos has no 3-D table
     assert any(line.startswith("  n/a      modelnet40 · abspos · seed 0  (") for line in lines)
+
+
+def test_dry_run_plans_with_the_threads_the_executor_would_store(tmp_path, capsys):
+    """``--jobs N`` cells run (and are stored) with the executor's CPU threads: the dry run of
+    the same command must see them as reusable, as the real run does, not as conflicts."""
+    from pe_bench.harness.grid.executor import ParallelExecutor
+
+    threads = ParallelExecutor(2).cell_threads(None)
+    cell = store.cell_dir(tmp_path, "imagenet", "nopos", 0)
+    config = load_run_config("imagenet", "tiny", {"trainer": {"threads": threads}})
+    cell.mkdir(parents=True)
+    (cell / "config.yaml").write_text(yaml.safe_dump(resolved_config(config, parse_method("nopos"), {})))
+    store.write_record(cell, store.CellRecord("imagenet", "nopos", 0, "tiny", store.STATUS_OK, score=50.0))
+    command = ["run", "--tasks", "imagenet", "--methods", "nopos", "--out", str(tmp_path), "--dry-run"]
+    assert main([*command, "--jobs", "2"]) == 0
+    assert "would do: 1 reuse" in capsys.readouterr().out
+    if threads != (load_run_config("imagenet", "tiny").trainer.threads or None):  # the check can fail
+        assert main(command) == 2  # one process: the profile's threads, another configuration

@@ -168,42 +168,46 @@ def test_paper_profile_trains_one_epoch_on_the_tiny_imagefolder(tmp_path):
 
 
 def test_finished_cells_of_another_configuration_are_not_reused(tmp_path, capsys):
-    from pe_bench.harness.grid.runner import config_differences
+    from pe_bench.harness.grid.runner import stored_config_differences
 
     assert run(tmp_path, "nopos") == 0
     capsys.readouterr()
     # a study or override that changes what the cell measures must not be answered by the old cell
     assert run(tmp_path, "nopos", "--set", "data.tta_delta=4") == 2
     err = capsys.readouterr().err
-    assert "another configuration" in err and "data.tta_delta: None stored, 4 requested" in err
-    assert run(tmp_path, "nopos", "--set", "trainer.num_workers=0") == 0  # trainer settings do not count
+    assert "another configuration" in err and "data.tta_delta: absent stored, 4 requested" in err
+    assert run(tmp_path, "nopos", "--set", "trainer.num_workers=0") == 0  # the profile's value: no change
     threads = torch.get_num_threads()
     wanted = 2 if threads == 1 else 1  # differs from the current setting, so the check can fail
     assert run(tmp_path, "rope", "--set", f"trainer.threads={wanted}") == 0
     env = json.loads((store.cell_dir(tmp_path, "imagenet", "rope", 0) / "env.json").read_text())
     assert env["torch_threads"] == wanted
     assert torch.get_num_threads() == threads  # restored after the cell
-    stored = {"model": {"dim": 32}, "data": {"a": 1}}
-    assert config_differences(stored, {"model": {"dim": 32, "new_field": 0}, "data": {"a": 1}}) == []
-    assert config_differences(stored, {"model": {"dim": 64}, "data": {"a": 1, "b": 2}}) == [
-        "data.b: None stored, 2 requested",
+    stored = {"task": "imagenet", "model": {"dim": 32}, "data": {"a": 1}}
+    # A field added since the cell ran counts only away from its default (the old behaviour).
+    assert stored_config_differences(stored, {**stored, "model": {"dim": 32, "dropout": 0.0}}) == []
+    assert stored_config_differences(
+        stored, {**stored, "model": {"dim": 64, "dropout": 0.1}, "data": {"a": 1, "b": 2}}
+    ) == [
+        "data.b: absent stored, 2 requested",
         "model.dim: 32 stored, 64 requested",
+        "model.dropout: absent stored, 0.1 requested",
     ]
 
 
 def test_a_retired_key_at_its_no_change_value_is_no_difference():
     """Cells stored before optim.positional_lr_scale was replaced by table_lr_scale stay
     usable at 1.0 (it scaled nothing); at another value they differ, in both checks."""
-    from pe_bench.harness.grid.runner import config_differences
+    from pe_bench.harness.grid.runner import stored_config_differences
     from pe_bench.harness.reports import tables
 
     requested = {"optim": {"lr": 0.002, "table_lr_scale": 1.0}}
-    assert config_differences({"optim": {"lr": 0.002, "positional_lr_scale": 1.0}}, requested) == []
-    assert config_differences({"optim": {"lr": 0.002, "positional_lr_scale": 30.0}}, requested) == [
-        "optim.positional_lr_scale: 30.0 stored, None requested"
+    assert stored_config_differences({"optim": {"lr": 0.002, "positional_lr_scale": 1.0}}, requested) == []
+    assert stored_config_differences({"optim": {"lr": 0.002, "positional_lr_scale": 30.0}}, requested) == [
+        "optim.positional_lr_scale: 30.0 stored, absent requested"
     ]
-    flat = {"optim.lr": 0.002, "optim.table_lr_scale": 1.0}
-    assert tables.config_differences({"optim.lr": 0.002, "optim.positional_lr_scale": 1.0}, flat) == []
-    assert tables.config_differences({"optim.lr": 0.002, "optim.positional_lr_scale": 30.0}, flat) == [
+    tree = {"optim": {"lr": 0.002, "table_lr_scale": 1.0}}
+    assert tables.config_differences("imagenet", {"optim": {"lr": 0.002, "positional_lr_scale": 1.0}}, tree) == []
+    assert tables.config_differences("imagenet", {"optim": {"lr": 0.002, "positional_lr_scale": 30.0}}, tree) == [
         "optim.positional_lr_scale=30.0 (others: absent)"
     ]
