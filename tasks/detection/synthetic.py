@@ -49,6 +49,8 @@ CLASSES = ("above-left", "above-right", "below-left", "below-right")
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "immunohistochemistry", "brick", "grass")
 #: Bump when the generator changes: the cache key includes it.
 GENERATOR_VERSION = 4
+#: Fixed seeds per split: every method and seed trains and tests on the same images.
+SPLIT_SEEDS = {"train2017": 7000, "val2017": 7001}
 
 
 @lru_cache(maxsize=1)
@@ -110,10 +112,16 @@ class SceneSpec:
     cell: int  # the grid the marker sits inside one cell of: the backbone's patch size
 
 
-def relation_scene(
-    rng: np.random.Generator, spec: SceneSpec
-) -> tuple[np.ndarray, list[tuple[int, int, int, int]], list[int]]:
-    """One image (size, size, 3) float in [0, 1], its boxes (x, y, w, h) and class indices.
+@dataclass(frozen=True)
+class Scene:
+    image: np.ndarray  # (size, size, 3) float in [0, 1]
+    boxes: list[tuple[int, int, int, int]]  # (x, y, w, h), pixels
+    labels: list[int]  # indices into CLASSES
+    marker: tuple[int, int]  # (row, col) of the marker's cell
+
+
+def relation_scene(rng: np.random.Generator, spec: SceneSpec) -> Scene:
+    """One image, its boxes and class indices, and the cell of the marker they relate to.
 
     The marker sits inside one cell of the ``cell``-pixel grid (the backbone's patch grid), and
     every object lies wholly in the cells strictly above or below the marker's row of cells
@@ -156,7 +164,12 @@ def relation_scene(
         taken.append((x, y, x + w, y + h))
         boxes.append((x, y, w, h))
         labels.append(2 * int(below) + int(right))
-    return image, boxes, labels
+    return Scene(image, boxes, labels, (row, col))
+
+
+def quantised(image: np.ndarray) -> np.ndarray:
+    """The image as the PNG stores it: uint8."""
+    return np.rint(np.clip(image, 0, 1) * 255).astype(np.uint8)
 
 
 def write_coco_split(root: Path, split: str, count: int, spec: SceneSpec, seed: int) -> None:
@@ -168,11 +181,11 @@ def write_coco_split(root: Path, split: str, count: int, spec: SceneSpec, seed: 
     (root / "annotations").mkdir(exist_ok=True)
     images, annotations = [], []
     for index in range(count):
-        image, boxes, labels = relation_scene(rng, spec)
+        scene = relation_scene(rng, spec)
         name = f"{index:012d}.png"
-        Image.fromarray(np.rint(np.clip(image, 0, 1) * 255).astype(np.uint8)).save(root / split / name)
+        Image.fromarray(quantised(scene.image)).save(root / split / name)
         images.append({"id": index + 1, "file_name": name, "width": spec.size, "height": spec.size})
-        for (x, y, w, h), label in zip(boxes, labels, strict=True):
+        for (x, y, w, h), label in zip(scene.boxes, scene.labels, strict=True):
             annotations.append(
                 {"id": len(annotations) + 1, "image_id": index + 1, "category_id": label + 1,
                  "bbox": [x, y, w, h], "area": w * h, "iscrowd": 0}
@@ -180,6 +193,12 @@ def write_coco_split(root: Path, split: str, count: int, spec: SceneSpec, seed: 
     categories = [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(CLASSES)]
     payload = {"images": images, "annotations": annotations, "categories": categories}
     (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(payload))
+
+
+def split_scenes(split: str, count: int, spec: SceneSpec) -> list[Scene]:
+    """The first ``count`` scenes of a written split, regenerated (with their marker cells)."""
+    rng = np.random.default_rng(SPLIT_SEEDS[split])
+    return [relation_scene(rng, spec) for _ in range(count)]
 
 
 def tiny_coco(train: int, test: int, spec: SceneSpec, cache: Path | None = None) -> Path:
@@ -193,9 +212,8 @@ def tiny_coco(train: int, test: int, spec: SceneSpec, cache: Path | None = None)
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:
-        # Fixed seeds per split: every method and seed trains and tests on the same images.
-        write_coco_split(staging, "train2017", train, spec, seed=7000)
-        write_coco_split(staging, "val2017", test, spec, seed=7001)
+        write_coco_split(staging, "train2017", train, spec, seed=SPLIT_SEEDS["train2017"])
+        write_coco_split(staging, "val2017", test, spec, seed=SPLIT_SEEDS["val2017"])
         try:
             staging.rename(root)
         except OSError:  # another process finished first: keep its copy

@@ -123,13 +123,16 @@ def test_relation_scene_classes_are_quadrants_seen_from_the_marker_cell():
     rng = np.random.default_rng(3)
     counts = np.zeros(len(CLASSES), dtype=int)
     for _ in range(30):
-        image, boxes, labels = relation_scene(rng, SceneSpec(64, (2, 4), (8, 20), cell=8))
+        scene = relation_scene(rng, SceneSpec(64, (2, 4), (8, 20), cell=8))
+        image = scene.image
         assert image.shape == (64, 64, 3) and image.min() >= 0 and image.max() <= 1
-        # The marker is the only pure-white plus: its white pixels lie in one 8-px cell.
+        # The marker is the only pure-white plus: its white pixels lie in one 8-px cell, the one
+        # the scene names (the attention probe relies on it).
         rows, cols = np.nonzero(np.all(image == 1.0, axis=-1))
         assert len(set(rows // 8)) == 1 and len(set(cols // 8)) == 1
         row, col = rows[0] // 8, cols[0] // 8
-        for (x, y, w, h), label in zip(boxes, labels, strict=True):
+        assert scene.marker == (row, col)
+        for (x, y, w, h), label in zip(scene.boxes, scene.labels, strict=True):
             # Every cell the box touches is strictly off the marker's row and column of cells.
             cell_rows, cell_cols = range(y // 8, (y + h - 1) // 8 + 1), range(x // 8, (x + w - 1) // 8 + 1)
             assert row not in cell_rows and col not in cell_cols
