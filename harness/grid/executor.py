@@ -50,6 +50,10 @@ def request_payload(request: Any) -> dict[str, Any]:
     }
 
 
+#: The environment variable through which a cell process learns its grid process's PID.
+GRID_PID_VARIABLE = "PE_BENCH_GRID_PID"
+
+
 def run_cell_entry(payload: dict[str, Any], cell: Cell, threads: int | None = None) -> str:
     """Run one cell in this process from a request payload; returns the record's status."""
     from .methods import parse_method
@@ -286,7 +290,7 @@ class ParallelExecutor(Executor):
     def _start(self, cell: Cell, payload_file: Path, out: Path, gpu: int | None) -> _Running:
         log = log_path(out, cell)
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = {"OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"}
+        env = {"OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1", GRID_PID_VARIABLE: str(os.getpid())}
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         process = CellProcess(cell_argv(payload_file, cell, self.threads), log, env)

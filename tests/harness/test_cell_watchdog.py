@@ -1,0 +1,29 @@
+"""A cell of a ``--jobs`` grid stops when its grid process is gone (e.g. killed with SIGKILL)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pe_bench.harness.grid.cell import stop_when_grid_is_gone
+
+
+def test_the_cell_is_interrupted_once_the_grid_process_dies():
+    grid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        stop_when_grid_is_gone(grid.pid, poll=0.05)
+        time.sleep(0.3)  # alive grid: nothing happens
+        grid.kill()
+        grid.wait()
+        with pytest.raises(KeyboardInterrupt):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+    finally:
+        grid.kill()
+        signal.signal(signal.SIGINT, previous)
