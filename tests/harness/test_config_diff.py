@@ -30,8 +30,10 @@ def test_a_field_missing_from_an_older_file_counts_unless_the_other_side_has_its
     del older["model"]["neck_kernel"]  # as written before the field existed: those cells ran with 3x3
     expected = [("model.neck_kernel", ABSENT, 1)]
     assert config_differences("coco", older, current) == expected
-    del older["optim"]["table_lr_scale"]  # at its default in the profile: no change
+    del older["optim"]["label_smoothing"]  # at its default in the profile: no change
     assert config_differences("coco", older, current) == expected
+    del older["optim"]["table_lr_scale"]  # the profile sets 30: cells from before the field ran at 1
+    assert config_differences("coco", older, current) == [*expected, ("optim.table_lr_scale", ABSENT, 30.0)]
 
 
 def test_runner_and_tables_agree_on_every_case():
