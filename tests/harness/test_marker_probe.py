@@ -8,7 +8,7 @@ import torch
 
 from pe_bench.adapters import EncodingFactory
 from pe_bench.harness.attention import Attention
-from pe_bench.tasks.detection.marker_probe import linear_probe_accuracy, probe
+from pe_bench.harness.reports.marker_probe import linear_probe_accuracy, probe
 from pe_bench.tasks.detection.models import DetectionModelConfig, ImageDetector, image_detection_geometry
 from pe_bench.tasks.detection.synthetic import SceneSpec, quantised, relation_scene
 

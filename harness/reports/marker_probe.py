@@ -14,7 +14,7 @@ For a finished cell this measures, on the test scenes (the real loader path):
   objects, scored on the rest) reads the class from the object's centre token: chance is
   about 0.25; a backbone that has related the object to the marker approaches 1.
 
-    python -m pe_bench.tasks.detection.marker_probe RESULTS/runs/coco/pape/seed0 [...]
+    python -m pe_bench.harness.reports.marker_probe RESULTS/runs/coco/pape/seed0 [...]
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from pe_bench.adapters import PositionLayout
-from pe_bench.harness.attention import Attention
+from pe_bench.tasks.detection.synthetic import SceneSpec, split_scenes
 
-from .synthetic import SceneSpec, split_scenes
+from ..attention import Attention
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def probe(model: nn.Module, images: Tensor, scenes: list, cell: int, classes: in
 
 def probe_cell(directory: Path, scenes: int = 200) -> ProbeResult:
     """Load a finished tiny-coco cell and probe it on the first ``scenes`` test scenes."""
-    from pe_bench.harness.reports.extrapolate import load_cell
+    from .extrapolate import load_cell
 
     task, model, _ = load_cell(directory, None)
     data = task.data
