@@ -133,7 +133,7 @@ def probe_cell(directory: Path, scenes: int = 200) -> ProbeResult:
     if data.source != "generated":
         raise ValueError(f"{directory}: the marker probe needs the tiny (generated) coco, not {data.source!r}")
     spec = SceneSpec(data.image_size, data.objects, data.object_sides, data.cell)
-    regenerated = split_scenes("val2017", scenes, spec)
+    regenerated = list(split_scenes("val2017", scenes, spec))
     module = task.datamodule(seed=0)
     module.setup("test")
     test = module.splits["test"]

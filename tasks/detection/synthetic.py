@@ -36,6 +36,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -172,16 +173,14 @@ def quantised(image: np.ndarray) -> np.ndarray:
     return np.rint(np.clip(image, 0, 1) * 255).astype(np.uint8)
 
 
-def write_coco_split(root: Path, split: str, count: int, spec: SceneSpec, seed: int) -> None:
+def write_coco_split(root: Path, split: str, count: int, spec: SceneSpec) -> None:
     """``count`` scenes as ``root/<split>/*.png`` and ``root/annotations/instances_<split>.json``."""
     from PIL import Image
 
-    rng = np.random.default_rng(seed)
     (root / split).mkdir(parents=True, exist_ok=True)
     (root / "annotations").mkdir(exist_ok=True)
     images, annotations = [], []
-    for index in range(count):
-        scene = relation_scene(rng, spec)
+    for index, scene in enumerate(split_scenes(split, count, spec)):
         name = f"{index:012d}.png"
         Image.fromarray(quantised(scene.image)).save(root / split / name)
         images.append({"id": index + 1, "file_name": name, "width": spec.size, "height": spec.size})
@@ -195,10 +194,12 @@ def write_coco_split(root: Path, split: str, count: int, spec: SceneSpec, seed: 
     (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(payload))
 
 
-def split_scenes(split: str, count: int, spec: SceneSpec) -> list[Scene]:
-    """The first ``count`` scenes of a written split, regenerated (with their marker cells)."""
+def split_scenes(split: str, count: int, spec: SceneSpec) -> Iterator[Scene]:
+    """The first ``count`` scenes of ``split``, one at a time: what write_coco_split writes and
+    what a diagnostic regenerates (with the marker cells the files do not hold)."""
     rng = np.random.default_rng(SPLIT_SEEDS[split])
-    return [relation_scene(rng, spec) for _ in range(count)]
+    for _ in range(count):
+        yield relation_scene(rng, spec)
 
 
 def tiny_coco(train: int, test: int, spec: SceneSpec, cache: Path | None = None) -> Path:
@@ -212,8 +213,8 @@ def tiny_coco(train: int, test: int, spec: SceneSpec, cache: Path | None = None)
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:
-        write_coco_split(staging, "train2017", train, spec, seed=SPLIT_SEEDS["train2017"])
-        write_coco_split(staging, "val2017", test, spec, seed=SPLIT_SEEDS["val2017"])
+        write_coco_split(staging, "train2017", train, spec)
+        write_coco_split(staging, "val2017", test, spec)
         try:
             staging.rename(root)
         except OSError:  # another process finished first: keep its copy
