@@ -153,11 +153,6 @@ RETIRED_KEYS: dict[str, Any] = {
 }
 
 
-def retired_at_default(dotted: str, value: Any) -> bool:
-    """Whether ``dotted`` is a retired key stored at its no-change value."""
-    return dotted in RETIRED_KEYS and value == RETIRED_KEYS[dotted]
-
-
 class ConfigError(ValueError):
     pass
 

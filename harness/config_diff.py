@@ -79,19 +79,22 @@ def one_sided_is_no_change(task: str, dotted: str, value: Any) -> bool:
     return default is not ABSENT and canonical(default) == canonical(value)
 
 
-def _neutral(dotted: str) -> bool:
-    return any(dotted == key or dotted.startswith(f"{key}.") for key in RESULT_NEUTRAL_KEYS)
+def result_keys(tree: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` flattened to dotted keys, without those that cannot change a result."""
+    return {
+        key: value
+        for key, value in flatten(tree).items()
+        if not any(key == neutral or key.startswith(f"{neutral}.") for neutral in RESULT_NEUTRAL_KEYS)
+    }
 
 
 def config_differences(task: str, mine: dict[str, Any], theirs: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """``(dotted key, my value, their value)`` for every result-relevant key that differs
     (ABSENT where a file lacks the key). Callers drop the keys they do not compare first
     (the runner: every method's options; the tables: everything that belongs to the method)."""
-    a, b = flatten(mine), flatten(theirs)
+    a, b = result_keys(mine), result_keys(theirs)
     differences = []
     for key in sorted(set(a) | set(b)):
-        if _neutral(key):
-            continue
         if (key in a) != (key in b) and one_sided_is_no_change(task, key, a.get(key, b.get(key))):
             continue
         mine_value, their_value = a.get(key, ABSENT), b.get(key, ABSENT)

@@ -40,7 +40,7 @@ import yaml
 
 from pe_bench.harness.grid import store
 
-from ..config_diff import ABSENT, canonical, flatten
+from ..config_diff import ABSENT, canonical, result_keys
 from ..config_diff import config_differences as diff_configs
 from . import latex
 from .stats import paired_p_value, t_interval
@@ -145,7 +145,8 @@ def result_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fingerprint(tree: dict[str, Any]) -> frozenset[tuple[str, str]]:
-    return frozenset((key, canonical(value)) for key, value in flatten(tree).items())
+    """The result-relevant keys and values: cells that differ only in a tracker group together."""
+    return frozenset((key, canonical(value)) for key, value in result_keys(tree).items())
 
 
 def _show(value: Any) -> str:

@@ -188,6 +188,17 @@ def test_config_differences_follow_the_runner_rules():
     ]  # fmt: skip
 
 
+def test_cells_that_differ_only_in_a_tracker_share_the_task_configuration(tmp_path):
+    """A tracker cannot change a result: it neither splits a task into two configurations
+    (which, one cell each, would be a tie) nor marks a cell."""
+    trainer = {"precision": "auto", "num_workers": 0, "threads": 1, "logger": ["csv", "wandb"]}
+    stored(tmp_path, "imagenet", "pape", 0, 80.0)
+    stored(tmp_path, "imagenet", "rope", 0, 75.0, trainer=trainer)
+    markdown = write_tables(tmp_path)
+    assert "no configuration is shared by most cells" not in markdown
+    assert "another configuration than the rest" not in markdown
+
+
 def test_cells_without_a_readable_config_are_left_out_and_listed(tmp_path):
     stored(tmp_path, "imagenet", "pape", 0, 80.0)
     stored(tmp_path, "imagenet", "pape", 1, 82.0)
