@@ -91,6 +91,21 @@ class SplitDataModule(L.LightningDataModule):
         return self.loader(self.splits["test"])
 
 
+class BuiltSplitsDataModule(SplitDataModule):
+    """Splits made by the task's ``make_splits`` on the first ``setup`` (tasks whose splits
+    come from one method of their own, so the data module only adds a ``collate_fn``)."""
+
+    def __init__(
+        self, make_splits: Callable[[], dict[str, Dataset]], batch_size: int, num_workers: int, seed: int
+    ) -> None:
+        super().__init__(batch_size, num_workers, seed)
+        self.make_splits = make_splits
+
+    def setup(self, stage: str | None = None) -> None:
+        if not self.splits:
+            self.splits = self.make_splits()
+
+
 class PatchDataModule(SplitDataModule):
     """Splits of patched inputs (images, clips, event streams), built from the task's data
     config and the patch size; the constructor ``tasks.base.PatchTask`` calls."""

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from pe_bench.harness.data import SplitDataModule
+from pe_bench.harness.data import BuiltSplitsDataModule
 
 
 def collate(samples: list[dict[str, Tensor]]) -> dict:
@@ -41,15 +41,5 @@ class SampleList(Dataset):
         return self.load(i)
 
 
-class SceneDataModule(SplitDataModule):
+class SceneDataModule(BuiltSplitsDataModule):
     collate_fn = staticmethod(collate)
-
-    def __init__(
-        self, make_splits: Callable[[], dict[str, Dataset]], batch_size: int, num_workers: int, seed: int
-    ) -> None:
-        super().__init__(batch_size, num_workers, seed)
-        self.make_splits = make_splits
-
-    def setup(self, stage: str | None = None) -> None:
-        if not self.splits:
-            self.splits = self.make_splits()

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from pe_bench.harness.config import Strict
-from pe_bench.harness.data import SplitDataModule
+from pe_bench.harness.data import BuiltSplitsDataModule
 
 
 class Augment(Strict):
@@ -171,15 +171,5 @@ def collate(samples: list[dict]) -> dict:
     return out
 
 
-class PointDataModule(SplitDataModule):
+class PointDataModule(BuiltSplitsDataModule):
     collate_fn = staticmethod(collate)
-
-    def __init__(
-        self, make_splits: Callable[[], dict[str, Dataset]], batch_size: int, num_workers: int, seed: int
-    ) -> None:
-        super().__init__(batch_size, num_workers, seed)
-        self.make_splits = make_splits
-
-    def setup(self, stage: str | None = None) -> None:
-        if not self.splits:
-            self.splits = self.make_splits()
