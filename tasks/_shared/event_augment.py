@@ -46,6 +46,19 @@ def drop_by_area(
     return _keep(events, ~inside)
 
 
+def event_drop(events: Events, rng: np.random.Generator, width: int, height: int) -> Events:
+    """One EventDrop operation drawn uniformly from drop-nothing, random events, a time
+    window and an area (DvsGesture's and GEN1's augmentations draw it the same way)."""
+    choice = rng.integers(0, 4)
+    if choice == 1:
+        return drop_events(events, rng)
+    if choice == 2:
+        return drop_by_time(events, rng)
+    if choice == 3:
+        return drop_by_area(events, rng, width, height)
+    return events
+
+
 def _warp(events: Events, matrix: np.ndarray, shift: np.ndarray, width: int, height: int) -> Events:
     """Map pixel centres by ``matrix`` about the sensor centre, then ``shift``; drop what leaves."""
     centre = np.array([width / 2, height / 2])
@@ -119,11 +132,5 @@ class EventAugmentation:
             elif choice == 3:
                 events = shear(events, rng, w, h)
         if self.event_drop:
-            choice = rng.integers(0, 4)
-            if choice == 1:
-                events = drop_events(events, rng)
-            elif choice == 2:
-                events = drop_by_time(events, rng)
-            elif choice == 3:
-                events = drop_by_area(events, rng, w, h)
+            events = event_drop(events, rng, w, h)
         return events, label

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from pe_bench.harness.data import DatasetMissingError
-from pe_bench.tasks._shared.event_augment import drop_by_area, drop_by_time, drop_events, rotate_by, rotation_matrix
+from pe_bench.tasks._shared.event_augment import event_drop, rotate_by, rotation_matrix
 
 SPLITS = ("train", "val", "test")
 SOURCE = "https://www.prophesee.ai/2020/01/24/prophesee-gen1-automotive-detection-dataset/"
@@ -162,11 +162,5 @@ class Gen1Augmentation:
         events = rotate_by(events, degrees, w, h)
         boxes = rotate_boxes(boxes, degrees, w, h)
         keep = np.minimum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]) >= self.min_side
-        choice = rng.integers(0, 4)
-        if choice == 1:
-            events = drop_events(events, rng)
-        elif choice == 2:
-            events = drop_by_time(events, rng)
-        elif choice == 3:
-            events = drop_by_area(events, rng, w, h)
+        events = event_drop(events, rng, w, h)
         return events, boxes[keep], labels[keep]
