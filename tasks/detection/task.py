@@ -25,6 +25,7 @@ from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import ConfigError, RunConfig, Strict
 from pe_bench.harness.data import SplitDataModule
 from pe_bench.tasks._shared.spiking_patches import EventBatch, EventTokens, SpikingPatches, pad_tokens
+from pe_bench.tasks._shared.spiking_patches_data import SpikingPatchesDataModule
 
 from ..base import Task
 from .coco import CocoDetection, CocoImages, coco_root, collate_images
@@ -225,18 +226,9 @@ def _emulated(count: int, seed: int, size: int, objects: tuple, sides: tuple, fl
     )
 
 
-class Gen1DataModule(SplitDataModule):
+class Gen1DataModule(SpikingPatchesDataModule):
     collate_fn = staticmethod(collate_event_samples)
-
-    def __init__(
-        self, data: Gen1DataConfig, patch: int, batch_size: int, num_workers: int, seed: int, data_root: Path | None
-    ) -> None:
-        super().__init__(batch_size, num_workers, seed)
-        self.data, self.patch, self.data_root = data, patch, data_root
-
-    def tokenizer(self) -> SpikingPatches:
-        d = self.data
-        return SpikingPatches(d.width, d.height, self.patch, d.threshold, d.refractory_us, d.buckets)
+    data: Gen1DataConfig
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:

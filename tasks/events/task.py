@@ -18,9 +18,9 @@ from torch.utils.data import Dataset, get_worker_info
 
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
-from pe_bench.harness.data import PatchDataModule
 from pe_bench.tasks._shared.event_augment import EventAugmentation
 from pe_bench.tasks._shared.spiking_patches import EventTokens, SpikingPatches
+from pe_bench.tasks._shared.spiking_patches_data import SpikingPatchesDataModule
 
 from .._shared.data_checks import DataReport, scan_files
 from ..base import PatchTask
@@ -115,13 +115,9 @@ def _recording(path: Path) -> Stream:
     return read_aedat31(path)
 
 
-class EventDataModule(PatchDataModule):
+class EventDataModule(SpikingPatchesDataModule):
     collate_fn = staticmethod(collate_tokens)
     data: EventDataConfig
-
-    def tokenizer(self) -> SpikingPatches:
-        d = self.data
-        return SpikingPatches(d.width, d.height, self.patch, d.threshold, d.refractory_us, d.buckets)
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
