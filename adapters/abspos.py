@@ -67,3 +67,24 @@ class LearnableAbsolute(PositionEncoding):
             index = index + cell * stride
         emb = table[index] * layout.has_pos.unsqueeze(-1).to(table.dtype)
         return x + emb.to(x.dtype)
+
+
+class OptionalAbsPosEncoding(PositionEncoding):
+    """Base of encodings whose ``abspos`` option also adds the learnable absolute embedding
+    above to the inputs (SaPE² Table 1's "CoPE + APE" and "SaPE² + APE"). Its Options need
+    an ``abspos: bool`` field. A table indexed by absolute cell breaks translation
+    invariance, so an instance with it stops claiming that principle."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.abspos = None
+        if self.options.abspos:
+            self.abspos = LearnableAbsolute(self.geometry, self.dim, self.num_heads, self.depth, AbsPosOptions())
+
+    def claimed_principles(self) -> frozenset[Principle]:
+        if self.abspos is not None:
+            return self.principles - {Principle.TRANSLATION_INVARIANCE}
+        return self.principles
+
+    def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        return x if self.abspos is None else self.abspos.embed(x, layout)

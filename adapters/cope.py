@@ -53,8 +53,8 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from .abspos import AbsPosOptions, LearnableAbsolute
-from .base import AttentionInputs, EncodingOptions, Geometry, LayerEncoding, PositionEncoding, Principle
+from .abspos import OptionalAbsPosEncoding
+from .base import AttentionInputs, EncodingOptions, Geometry, LayerEncoding, Principle
 from .registry import register
 
 
@@ -139,7 +139,7 @@ class CoPELayer(LayerEncoding):
 
 
 @register("cope")
-class ContextualPosition(PositionEncoding):
+class ContextualPosition(OptionalAbsPosEncoding):
     principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.CONTEXT_AWARENESS})
     Options = CoPEOptions
 
@@ -149,12 +149,6 @@ class ContextualPosition(PositionEncoding):
             return "counts along a token order: defined for 1-D positions and raster-ordered grids only"
         return super().unsupported_reason(geometry)
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.abspos = None
-        if self.options.abspos:
-            self.abspos = LearnableAbsolute(self.geometry, self.dim, self.num_heads, self.depth, AbsPosOptions())
-
     @property
     def npos_max(self) -> int:
         if self.options.npos_max is not None:
@@ -162,14 +156,6 @@ class ContextualPosition(PositionEncoding):
         grid = self.geometry.grid_shape
         # Without a grid there is no training length to read; 64 is a common CoPE setting.
         return math.prod(grid) + 1 if grid else 64
-
-    def claimed_principles(self) -> frozenset[Principle]:
-        if self.abspos is not None:
-            return frozenset({Principle.CONTEXT_AWARENESS})
-        return self.principles
-
-    def embed(self, x: Tensor, layout) -> Tensor:
-        return x if self.abspos is None else self.abspos.embed(x, layout)
 
     def make_layer(self, layer_index: int) -> LayerEncoding:
         return CoPELayer(self.head_dim, self.npos_max, self.options.init_std)

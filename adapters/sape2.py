@@ -62,13 +62,12 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from ._flex import run_flex
-from .abspos import AbsPosOptions, LearnableAbsolute
+from .abspos import OptionalAbsPosEncoding
 from .base import (
     AttentionInputs,
     EncodingOptions,
     LayerEncoding,
     NotApplicableError,
-    PositionEncoding,
     PositionLayout,
     Principle,
     ScoreMod,
@@ -228,32 +227,17 @@ def vector_distance_score_mod(vectors: list[Tensor], has_pos: Tensor, scale: flo
 
 
 @register("sape2")
-class SaPE2(PositionEncoding):
+class SaPE2(OptionalAbsPosEncoding):
     principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.CONTEXT_AWARENESS})
     requires_grid = True
     pos_dims = frozenset({2})
     Options = SaPE2Options
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.abspos = None
-        if self.options.abspos:
-            self.abspos = LearnableAbsolute(self.geometry, self.dim, self.num_heads, self.depth, AbsPosOptions())
 
     @property
     def npos_max(self) -> int:
         if self.options.npos_max is not None:
             return self.options.npos_max
         return max(self.geometry.grid_shape) + 1
-
-    def claimed_principles(self) -> frozenset[Principle]:
-        if self.abspos is not None:
-            # An absolute table breaks translation invariance.
-            return frozenset({Principle.CONTEXT_AWARENESS})
-        return self.principles
-
-    def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
-        return x if self.abspos is None else self.abspos.embed(x, layout)
 
     def make_layer(self, layer_index: int) -> LayerEncoding:
         return SaPE2Layer(self.head_dim, self.npos_max, self.options)
