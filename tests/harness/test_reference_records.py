@@ -1,0 +1,47 @@
+"""The README's matrix must be backed by records: every column whose records ship in
+``results/reference`` is recomputed from them and compared with the README, cell by cell."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pe_bench.harness.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = ROOT / "results" / "reference"
+
+
+def _rows(markdown: str, first_header: str) -> dict[str, list[str]]:
+    """method -> cells (emphasis kept) of the first table whose header starts with ``first_header``."""
+    lines = markdown.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith(first_header))
+    header = [c.strip() for c in lines[start].strip().strip("|").split("|")]
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0]] = dict(zip(header, cells, strict=True))
+    return rows
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in REFERENCE.iterdir() if (p / "runs").is_dir()))
+def test_readme_matrix_matches_the_shipped_records(folder, tmp_path, capsys):
+    out = tmp_path / folder
+    shutil.copytree(REFERENCE / folder, out)
+    assert main(["table", "--out", str(out)]) == 0
+    fresh = _rows(capsys.readouterr().out, "| Position encoding")
+    readme = _rows((ROOT / "README.md").read_text(), "| Position encoding   | coco mAP")
+    columns = [c for c in next(iter(fresh.values())) if c not in ("Position encoding", "Average")]
+    assert columns, f"{folder}: the table has no task column"
+    for method, cells in fresh.items():
+        for column in columns:
+            assert readme[method][column] == cells[column], (
+                f"README matrix, {method} · {column}: {readme[method][column]!r}, "
+                f"but results/reference/{folder} gives {cells[column]!r}"
+            )
+    assert re.search(r"\d", "".join(cells[c] for c in columns for cells in fresh.values()))
