@@ -32,7 +32,8 @@ def batch():
 def test_shapes_and_every_parameter_gets_a_gradient(batch):
     task, model = build("pape")
     heatmap, regression = model(batch)
-    assert heatmap.shape == (2, 3, 32, 32) and regression.shape == (2, 8, 32, 32)
+    bev = task.data.grid.shape[:2]  # stride 1: one head cell per voxel column of the BEV map
+    assert heatmap.shape == (2, 3, *bev) and regression.shape == (2, 8, *bev)
     model.loss(batch).backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
     assert not missing
@@ -84,7 +85,7 @@ def test_head_targets_decode_back_to_the_boxes(batch):
     targets = CenterTargets(task.data.grid, stride=1, min_radius=1)
     encoded = targets.encode(batch["boxes"], batch["labels"], 3)
     heatmap = torch.logit(encoded["heatmap"].clamp(1e-4, 1 - 1e-4))
-    regression = torch.zeros(2, 8, 32, 32)
+    regression = torch.zeros(2, 8, *encoded["heatmap"].shape[-2:])
     regression[encoded["sample"], :, encoded["cell"][:, 0], encoded["cell"][:, 1]] = encoded["target"]
     decoded_samples = targets.decode(heatmap, regression, 30)
     for detections, boxes, labels in zip(decoded_samples, batch["boxes"], batch["labels"], strict=True):
