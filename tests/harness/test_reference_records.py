@@ -15,16 +15,21 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "results" / "reference"
 
 
-def _rows(markdown: str, first_header: str) -> dict[str, list[str]]:
-    """method -> cells (emphasis kept) of the first table whose header starts with ``first_header``."""
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _rows(markdown: str, column: str) -> dict[str, dict[str, str]]:
+    """method -> {column: cell} (emphasis kept) of the first "Position encoding" table that has
+    ``column``, whatever the padding of its header."""
     lines = markdown.split("\n")
-    start = next(i for i, line in enumerate(lines) if line.startswith(first_header))
-    header = [c.strip() for c in lines[start].strip().strip("|").split("|")]
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Position encoding") and column in _cells(line))
+    header = _cells(lines[start])
     rows = {}
     for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = _cells(line)
         rows[cells[0]] = dict(zip(header, cells, strict=True))
     return rows
 
@@ -34,8 +39,8 @@ def test_readme_matrix_matches_the_shipped_records(folder, tmp_path, capsys):
     out = tmp_path / folder
     shutil.copytree(REFERENCE / folder, out)
     assert main(["table", "--out", str(out)]) == 0
-    fresh = _rows(capsys.readouterr().out, "| Position encoding")
-    readme = _rows((ROOT / "README.md").read_text(), "| Position encoding   | coco mAP")
+    fresh = _rows(capsys.readouterr().out, "Position encoding")
+    readme = _rows((ROOT / "README.md").read_text(), "coco mAP")
     columns = [c for c in next(iter(fresh.values())) if c not in ("Position encoding", "Average")]
     assert columns, f"{folder}: the table has no task column"
     for method, cells in fresh.items():
