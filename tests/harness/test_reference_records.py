@@ -50,3 +50,26 @@ def test_readme_matrix_matches_the_shipped_records(folder, tmp_path, capsys):
                 f"but results/reference/{folder} gives {cells[column]!r}"
             )
     assert re.search(r"\d", "".join(cells[c] for c in columns for cells in fresh.values()))
+
+
+def _dry_run(out: Path, capsys, *extra: str) -> str:
+    tasks = ",".join(sorted(p.name for p in (out / "runs").iterdir() if p.is_dir()))
+    # --jobs 2 pins one thread per cell, as every shipped column was trained.
+    argv = ["run", "--tasks", tasks, "--methods", "all", "--seeds", "0,1,2", "--profile", "tiny"]
+    main([*argv, "--out", str(out), "--jobs", "2", "--dry-run", "--no-progress", *extra])
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in REFERENCE.iterdir() if (p / "runs").is_dir()))
+def test_shipped_records_are_of_the_current_tiny_profiles(folder, tmp_path, capsys):
+    """A README number from a profile that has since changed would look right and be wrong: every
+    shipped cell must be one that `pe-bench run` would reuse under today's YAML."""
+    out = tmp_path / folder
+    shutil.copytree(REFERENCE / folder, out)
+    cells = len(list((out / "runs").glob("*/*/seed*/result.json")))
+    plan = _dry_run(out, capsys)
+    assert f"would do: {cells} reuse\n" in plan, plan[-2000:]
+    # The check can fail: a changed schedule makes every trained cell a conflict.
+    trained = len(list((out / "runs").glob("*/*/seed*/config.yaml")))
+    changed = _dry_run(out, capsys, "--set", "optim.epochs=999")
+    assert re.search(rf"would do: .*\b{trained} conflict\n", changed), changed[-2000:]
