@@ -39,6 +39,12 @@ class CAPEOptions(EncodingOptions):
     coordinates: Literal["unit-grid", "raw"] = "unit-grid"  # images: grid -> [-1, 1]
     base: float = Field(10000.0, gt=0.0)  # 1-D frequency ladder
     freq_scale: float = Field(1.0, gt=0.0)  # 1-D: ω_k multiplier (30 for speech in seconds)
+    # Multiplies mean-normalised positions that are not mapped to the unit grid, before
+    # augmentation. CAPE maps images to [-1, 1] (Eq. 3-4), where its lowest 2-D frequency, pi,
+    # spans the image once; off-grid positions in raw units (patches, 50 ms steps, metres) span
+    # many such wavelengths, and the global scale then scrambles every long offset's phase.
+    # Tasks set it to bring their extent to about [-1, 1]; 1.0 keeps the raw units.
+    coordinate_scale: float = Field(1.0, gt=0.0)
 
 
 def spiral_directions(count: int, pos_dim: int) -> Tensor:
@@ -83,9 +89,12 @@ class CAPE(PositionEncoding):
         return [1.0 / n for n in layout.grid_shape]
 
     def prepare(self, layout: PositionLayout) -> PositionLayout:
-        if self.options.coordinates == "unit-grid" and layout.grid_shape is not None:
+        on_unit_grid = self.options.coordinates == "unit-grid" and layout.grid_shape is not None
+        if on_unit_grid:
             layout = grid_to_unit(layout)
         layout = mean_normalize(layout)
+        if not on_unit_grid and self.options.coordinate_scale != 1.0:
+            layout = layout.with_coords(layout.coords * self.options.coordinate_scale)
         if self.training:
             layout = cape_augment(
                 layout,

@@ -123,6 +123,30 @@ def test_cape_is_mean_normalisation_only_in_eval_mode():
     assert prepared.coords[:, 1:].mean(1).abs().max() < 1e-6
 
 
+def test_cape_coordinate_scale_multiplies_the_centred_positions_before_augmentation():
+    geometry = Geometry(pos_dim=3, grid_shape=None)
+    raw = build("cape", geometry, LAYER_DIM, LAYER_HEADS, 1).eval()
+    scaled = build("cape", geometry, LAYER_DIM, LAYER_HEADS, 1, {"coordinate_scale": 0.1}).eval()
+    coords = torch.randn(2, 9, 3, generator=torch.Generator().manual_seed(0)) * 10 + 4
+    layout = PositionLayout(coords=coords, has_pos=torch.ones(2, 9, dtype=torch.bool))
+    expected = mean_normalize(layout).coords * 0.1
+    torch.testing.assert_close(scaled.prepare(layout).coords, expected)
+    torch.testing.assert_close(scaled.prepare(layout).coords, raw.prepare(layout.with_coords(coords * 0.1)).coords)
+    # Training: the augmentation acts on the scaled positions, so Δmax = 0.5 is in the new units
+    # (shifted before scaling, no global shift could exceed 0.05).
+    scaled.train()
+    scaled.generator = torch.Generator().manual_seed(0)
+    many = PositionLayout(coords=coords.repeat(32, 1, 1), has_pos=torch.ones(64, 9, dtype=torch.bool))
+    shift = scaled.prepare(many).coords.mean(1)  # off-grid: no local shift, so the mean is λΔ
+    assert 0.2 < shift.abs().max() <= 0.5 * 1.4 + 1e-6
+    # Grid positions are already on CAPE's [-1, 1]: the scale leaves them alone.
+    grid = Geometry(pos_dim=2, grid_shape=(4, 6))
+    on_grid = PositionLayout.grid(1, (4, 6))
+    plain = build("cape", grid, LAYER_DIM, LAYER_HEADS, 1).eval().prepare(on_grid).coords
+    with_scale = build("cape", grid, LAYER_DIM, LAYER_HEADS, 1, {"coordinate_scale": 0.1}).eval().prepare(on_grid)
+    torch.testing.assert_close(with_scale.coords, plain)
+
+
 def test_cape_training_augmentation_stays_within_its_bounds():
     geometry = Geometry(pos_dim=1, grid_shape=None)
     cape = build(
