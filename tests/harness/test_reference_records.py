@@ -13,6 +13,14 @@ from pe_bench.harness.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "results" / "reference"
+FOLDERS = sorted(p.name for p in REFERENCE.iterdir() if (p / "runs").is_dir())
+
+
+def _copy(folder: str, tmp_path: Path) -> Path:
+    """A scratch copy: `pe-bench table` writes its table files into the folder it reads."""
+    out = tmp_path / folder
+    shutil.copytree(REFERENCE / folder, out)
+    return out
 
 
 def _cells(line: str) -> list[str]:
@@ -34,10 +42,9 @@ def _rows(markdown: str, column: str) -> dict[str, dict[str, str]]:
     return rows
 
 
-@pytest.mark.parametrize("folder", sorted(p.name for p in REFERENCE.iterdir() if (p / "runs").is_dir()))
+@pytest.mark.parametrize("folder", FOLDERS)
 def test_readme_matrix_matches_the_shipped_records(folder, tmp_path, capsys):
-    out = tmp_path / folder
-    shutil.copytree(REFERENCE / folder, out)
+    out = _copy(folder, tmp_path)
     assert main(["table", "--out", str(out)]) == 0
     fresh = _rows(capsys.readouterr().out, "Position encoding")
     readme = _rows((ROOT / "README.md").read_text(), "coco mAP")
@@ -60,12 +67,11 @@ def _dry_run(out: Path, capsys, *extra: str) -> str:
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("folder", sorted(p.name for p in REFERENCE.iterdir() if (p / "runs").is_dir()))
+@pytest.mark.parametrize("folder", FOLDERS)
 def test_shipped_records_are_of_the_current_tiny_profiles(folder, tmp_path, capsys):
     """A README number from a profile that has since changed would look right and be wrong: every
     shipped cell must be one that `pe-bench run` would reuse under today's YAML."""
-    out = tmp_path / folder
-    shutil.copytree(REFERENCE / folder, out)
+    out = _copy(folder, tmp_path)
     cells = len(list((out / "runs").glob("*/*/seed*/result.json")))
     plan = _dry_run(out, capsys)
     assert f"would do: {cells} reuse\n" in plan, plan[-2000:]
