@@ -3,7 +3,7 @@
 pe-bench run --tasks all --methods pape,rope,cape [--profile tiny|paper] [--seeds 0,1,2]
              [--out DIR] [--data-root DIR] [--set [TASK:]optim.epochs=5 ...] [-c FILE] [--dry-run]
              [--jobs N|auto] [--executor local|ray|slurm]
-pe-bench table [--out DIR] [--ci 95] [--no-significance] [--paper pape:table1]
+pe-bench table [--out DIR [--out DIR ...]] [--ci 95] [--no-significance] [--paper pape:table1]
 pe-bench list tasks|methods
 pe-bench bench [--model tiny|vit-s|vit-b] [--methods ...] [--threads N] [--sweep 256,1024,4096]
                [--compile] [--throughput] [--pape-precision]
@@ -127,7 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--slurm-partition", default=None, help="sbatch partition of the job array")
 
     table = sub.add_parser("table", help="render the result matrix from stored runs")
-    table.add_argument("--out", type=Path, default=Path("results"))
+    table.add_argument(
+        "--out",
+        type=Path,
+        action="append",
+        default=None,
+        help="results folder (default: results); repeat to merge several folders into one matrix, "
+        "printed but not written (a cell stored in two of them is an error)",
+    )
     table.add_argument("--paper", default=None, help="also compare with a published table, e.g. pape:table1")
     table.add_argument("--ci", type=_confidence, default=None, metavar="LEVEL", help="show ± a t-interval, e.g. 95")
     table.add_argument(
@@ -329,26 +336,52 @@ def _check_override_scopes(scoped: dict, from_command_line: set[str], tasks: lis
 
 def cmd_table(args: argparse.Namespace) -> int:
     from pe_bench.harness.grid.store import load_records
-    from pe_bench.harness.reports.tables import write_extra_tables, write_tables
+    from pe_bench.harness.reports import tables
 
-    if not load_records(args.out):  # a mistyped --out must not print an empty table as if all is well
-        where = "holds no readable results" if (args.out / "runs").is_dir() else "has no results (no runs/ folder)"
-        print(f"error: {args.out} {where}; check --out, or run `pe-bench run --out {args.out} ...` first",
-              file=sys.stderr)  # fmt: skip
-        return 2
+    folders = args.out or [Path("results")]
+    for folder in folders:
+        if not load_records(folder):  # a mistyped --out must not print an empty table as if all is well
+            where = "holds no readable results" if (folder / "runs").is_dir() else "has no results (no runs/ folder)"
+            print(f"error: {folder} {where}; check --out, or run `pe-bench run --out {folder} ...` first",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     if not 0 < args.alpha < 1:
         raise ValueError(f"--alpha must lie between 0 and 1, got {args.alpha}")
-    print(write_tables(args.out, ci=args.ci, significance=args.significance, alpha=args.alpha))
+    if len(folders) > 1:
+        return _print_merged_tables(folders, args)
+    out = folders[0]
+    print(tables.write_tables(out, ci=args.ci, significance=args.significance, alpha=args.alpha))
     written = ["table.md", "table.tex", "table.csv"]
-    for text in write_extra_tables(args.out, load_records(args.out)):
+    for text in tables.write_extra_tables(out, load_records(out)):
         print(f"\n{text}")
     if args.paper:
         from pe_bench.harness.reports.papers import comparison_stem, write_comparison
 
         print()
-        print(write_comparison(args.out, args.paper))
+        print(write_comparison(out, args.paper))
         written += [f"{comparison_stem(args.paper)}.md", f"{comparison_stem(args.paper)}.csv"]
-    print(f"\n(written to {args.out}/: {', '.join(written)})")
+    print(f"\n(written to {out}/: {', '.join(written)})")
+    return 0
+
+
+def _print_merged_tables(folders: list[Path], args: argparse.Namespace) -> int:
+    """One matrix from the records of several folders. Nothing is written: no single folder
+    holds every cell, and a table file in one of them would then describe cells it lacks."""
+    from pe_bench.harness.reports import tables
+
+    try:
+        results = tables.load_results(folders)
+    except tables.DuplicateCellError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(tables.render(results, "markdown", ci=args.ci, significance=args.significance, alpha=args.alpha))
+    for frame in tables.extra_tables(results.records).values():
+        print(f"\n{tables.render_extra_table(frame)}")
+    if args.paper:
+        from pe_bench.harness.reports.papers import compare_markdown
+
+        print(f"\nOurs next to `{args.paper}`.\n\n{compare_markdown(results, args.paper)}")
+    print(f"\n(merged from {len(folders)} folders: {', '.join(map(str, folders))}; printed, not written)")
     return 0
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,18 +96,38 @@ class StoredResults:
     incomplete: dict[CellKey, str] = field(default_factory=dict)
 
 
-def load_results(out: Path) -> StoredResults:
-    """The stored records under ``out`` with the config.yaml of every finished cell."""
+class DuplicateCellError(ValueError):
+    """The same (task, method, seed) is stored in two of the results folders being merged."""
+
+
+def load_results(out: Path | Sequence[Path]) -> StoredResults:
+    """The stored records under ``out`` with the config.yaml of every finished cell.
+
+    Several folders (results of other machines, columns re-run at different times) merge into
+    one matrix; a cell stored in two of them is an error, since either number could be the one
+    shown. Their configurations are checked together: a task trained otherwise in one folder
+    is marked as in a single folder.
+    """
+    folders = [Path(out)] if isinstance(out, (str, Path)) else [Path(o) for o in out]
     records, configs, incomplete = [], {}, {}
-    for record in store.load_records(out):
-        key = _key(record)
-        if record.status == store.STATUS_OK:
-            try:
-                configs[key] = read_cell_config(store.cell_dir(out, *key))
-            except CellConfigError as err:
-                incomplete[key] = str(err)
-                continue
-        records.append(record)
+    origin: dict[CellKey, Path] = {}
+    for folder in folders:
+        for record in store.load_records(folder):
+            key = _key(record)
+            if key in origin:
+                raise DuplicateCellError(
+                    f"cell {_cell_name(key)} is stored in both {origin[key]} and {folder}; "
+                    "remove one of the two, or render the folders separately"
+                )
+            origin[key] = folder
+            if record.status == store.STATUS_OK:
+                try:
+                    configs[key] = read_cell_config(store.cell_dir(folder, *key))
+                except CellConfigError as err:
+                    incomplete[key] = str(err)
+                    continue
+            records.append(record)
+    records.sort(key=_key)  # columns and rows in the same order as from one folder
     return StoredResults(records, configs, incomplete)
 
 
@@ -594,18 +614,24 @@ def render_extra_table(frame: pd.DataFrame) -> str:
     return f"{title}\n\n{table}" if title else table
 
 
-def write_extra_tables(out: Path, records: list[store.CellRecord]) -> list[str]:
-    """Every task's own tables (``Task.extra_tables``) as ``<out>/<name>.md`` and ``.csv``;
-    returns their Markdown. A table that several tasks share is written once."""
+def extra_tables(records: list[store.CellRecord]) -> dict[str, pd.DataFrame]:
+    """Every task's own tables (``Task.extra_tables``) by name; a table that several tasks
+    share appears once."""
     from pe_bench.tasks import get_task, implemented
 
     finished = [r for r in records if r.status == store.STATUS_OK]
-    written: dict[str, str] = {}
+    tables: dict[str, pd.DataFrame] = {}
     for name in sorted({r.task for r in finished} & set(implemented())):
         for table_name, frame in get_task(name).extra_tables(finished).items():
-            if table_name in written:
-                continue
-            written[table_name] = render_extra_table(frame)
-            (Path(out) / f"{table_name}.md").write_text(written[table_name] + "\n")
-            frame.to_csv(Path(out) / f"{table_name}.csv", index=False)
-    return list(written.values())
+            tables.setdefault(table_name, frame)
+    return tables
+
+
+def write_extra_tables(out: Path, records: list[store.CellRecord]) -> list[str]:
+    """``extra_tables`` as ``<out>/<name>.md`` and ``.csv``; returns their Markdown."""
+    written = []
+    for table_name, frame in extra_tables(records).items():
+        written.append(render_extra_table(frame))
+        (Path(out) / f"{table_name}.md").write_text(written[-1] + "\n")
+        frame.to_csv(Path(out) / f"{table_name}.csv", index=False)
+    return written

@@ -17,6 +17,7 @@ def _no_task_imports(monkeypatch):
     """The tiny footnote imports every task module (torch, lightning); tested in test_tables."""
     monkeypatch.setattr(tables, "_tiny_footnote", lambda tasks: "tiny profile: small stand-ins.")
     monkeypatch.setattr(tables, "write_extra_tables", lambda out, records: [])
+    monkeypatch.setattr(tables, "extra_tables", lambda records: {})
 
 
 def _cell(out, task, method, seed, score, status="ok", depth=4):
@@ -68,3 +69,35 @@ def test_table_options_reach_the_tables(tmp_path, capsys):
     assert exit_info.value.code == 2 and "confidence level in percent, like 95" in capsys.readouterr().err
     assert main(["table", "--out", str(tmp_path), "--alpha", "5"]) == 2
     assert "--alpha must lie between 0 and 1" in capsys.readouterr().err
+
+
+def test_several_folders_merge_into_the_table_of_one_folder_holding_every_cell(tmp_path, capsys):
+    """Columns re-run at different times (or on other machines) live in separate folders; the
+    merged matrix must be exactly the one a single folder with all their cells would give, with
+    the configuration check across folders (sincos's other depth stays marked)."""
+    both, first, second = tmp_path / "both", tmp_path / "first", tmp_path / "second"
+    _grid(both)
+    _grid(first)
+    for seed in (0, 1, 2):
+        for out in (both, second):
+            _cell(out, "cifar10", "pape", seed, 70.0 + seed)
+            _cell(out, "cifar10", "rope", seed, 71.0 - seed)
+    assert main(["table", "--out", str(both)]) == 0
+    single = capsys.readouterr().out.split("\n(written to")[0]
+    assert main(["table", "--out", str(second), "--out", str(first)]) == 0
+    merged, footer = capsys.readouterr().out.split("\n(merged from 2 folders")
+    assert merged == single
+    assert "| cifar10 Acc. (%)" in merged.split("\n")[0] and "†" in merged
+    assert "printed, not written" in footer
+    assert not list(first.glob("table.*")) and not list(second.glob("table.*"))
+
+
+def test_a_cell_stored_in_two_merged_folders_is_an_error_naming_both(tmp_path, capsys):
+    first, second = tmp_path / "first", tmp_path / "second"
+    _grid(first)
+    _cell(second, "imagenet", "rope", 1, 99.0)
+    assert main(["table", "--out", str(first), "--out", str(second)]) == 2
+    err = capsys.readouterr().err
+    assert f"imagenet/rope/seed1 is stored in both {first} and {second}" in err
+    assert main(["table", "--out", str(first), "--out", str(tmp_path / "typo")]) == 2
+    assert f"{tmp_path / 'typo'} has no results" in capsys.readouterr().err
