@@ -233,7 +233,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pe_bench.harness.reports.tables import write_tables
     from pe_bench.tasks import get_task, resolve_tasks
 
-    from .config import ALL_TASKS, deep_merge, load_run_config, load_study, override_scope, task_overrides
+    from .config import ALL_TASKS, deep_merge, load_study, override_scope, task_overrides
 
     scoped = task_overrides(args.set, args.config)
     overrides = scoped.pop(ALL_TASKS, {})
@@ -267,8 +267,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         tasks, methods, args.profile, args.seeds, args.out, args.data_root, overrides, progress,
         task_overrides={task: tree for task, tree in scoped.items() if task in tasks},
     )  # fmt: skip
+    request.pin_profiles()  # the task YAMLs as they read now hold for every cell of this grid
     for name in tasks:  # fail fast: configs valid, trackers installed, data present before any training
-        config = load_run_config(name, args.profile, request.overrides_for(name))
+        config = request.run_config(name)
         require_trackers(config.trainer.logger)
         get_task(name)(config, args.data_root).check_data()
     # Before the dry run too: the executor sets the CPU threads its cells run (and are stored) with.

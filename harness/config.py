@@ -335,13 +335,21 @@ def load_study(name: str) -> StudySpec:
         raise ConfigError(format_validation_error(f"study {name}", err)) from None
 
 
-def load_run_config(task: str, profile: str, overrides: dict[str, Any] | None = None) -> RunConfig:
+def profile_section(task: str, profile: str) -> dict[str, Any]:
+    """The task YAML's ``profile`` section (its ``defaults`` merged under it), as the file reads now."""
     spec = task_yaml(task)
     profiles = spec.get("profiles", {})
     if profile not in profiles:
         raise ConfigError(f"task {task!r} has no profile {profile!r}; profiles: {', '.join(profiles)}")
-    raw = deep_merge(spec.get("defaults", {}), profiles[profile])
-    raw = deep_merge(raw, overrides or {})
+    return deep_merge(spec.get("defaults", {}), profiles[profile])
+
+
+def load_run_config(
+    task: str, profile: str, overrides: dict[str, Any] | None = None, section: dict[str, Any] | None = None
+) -> RunConfig:
+    """The task's profile with ``overrides`` on top. ``section``: the profile as read earlier
+    (``profile_section``), so that a grid's cells keep the YAML they started with."""
+    raw = deep_merge(profile_section(task, profile) if section is None else section, overrides or {})
     raw.update(task=task, profile=profile)
     try:
         return RunConfig(**raw)

@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(request["workdir"])
     rank_zero = os.environ.get("LOCAL_RANK", "0") == "0"
     try:
-        config = load_run_config(request["task"], request["profile"], request["overrides"])
+        section = request.get("profile_section")  # the task YAML as the grid read it at its start
+        config = load_run_config(request["task"], request["profile"], request["overrides"], section)
         data_root = None if request["data_root"] is None else Path(request["data_root"])
         task = get_task(request["task"])(config, data_root)
         method = parse_method(request["method"])

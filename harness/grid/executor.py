@@ -47,6 +47,7 @@ def request_payload(request: Any) -> dict[str, Any]:
         "data_root": None if request.data_root is None else str(request.data_root),
         "overrides": request.overrides,
         "task_overrides": getattr(request, "task_overrides", {}),
+        "profile_sections": getattr(request, "profile_sections", {}),
     }
 
 
@@ -75,6 +76,7 @@ def run_cell_entry(payload: dict[str, Any], cell: Cell, threads: int | None = No
     )
     if payload.get("task_overrides") and hasattr(request, "task_overrides"):
         request.task_overrides = payload["task_overrides"]
+    request.profile_sections = payload.get("profile_sections") or {}
     task, method, seed = cell
     outcome = claim_and_run(request, (task, parse_method(method), seed), _name(cell), print, retry_failed=True)
     return getattr(outcome, "status", "elsewhere")  # a live process elsewhere holds the cell
@@ -311,6 +313,8 @@ def _eta(durations: list[float], left: int, jobs: int) -> str:
 def _config_of(request: Any, task: str) -> Any:
     from ..config import load_run_config
 
+    if hasattr(request, "run_config"):
+        return request.run_config(task)
     overrides = request.overrides_for(task) if hasattr(request, "overrides_for") else request.overrides
     return load_run_config(task, request.profile, overrides)
 

@@ -30,7 +30,7 @@ from pe_bench.adapters.base import positional_parameters
 from pe_bench.tasks import Task, get_task
 
 from ..compile import maybe_compile
-from ..config import RunConfig, deep_merge, load_run_config
+from ..config import RunConfig, deep_merge, load_run_config, profile_section
 from ..config_diff import ABSENT, config_differences
 from ..module import DivergedError
 from ..reports.tables import write_extra_tables
@@ -58,10 +58,25 @@ class GridRequest:
     # the other; otherwise e.g. ParallelExecutor(jobs=4) or RayExecutor(address).
     executor: Any = None
     task_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> its own, over ``overrides``
+    # task -> its YAML profile as read when the grid started (``pin_profiles``). Every cell is
+    # built from it, in this process or in a worker: a task YAML edited while the grid runs
+    # would otherwise give the cells that start later another configuration.
+    profile_sections: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def overrides_for(self, task: str) -> dict[str, Any]:
         """The grid-wide overrides with the task's own on top."""
         return deep_merge(self.overrides, self.task_overrides.get(task, {}))
+
+    def pin_profiles(self) -> None:
+        """Read every task's YAML profile now, once, for the whole grid."""
+        for task in self.tasks:
+            if task not in self.profile_sections:
+                self.profile_sections[task] = profile_section(task, self.profile)
+
+    def run_config(self, task: str) -> RunConfig:
+        """What a cell of ``task`` runs: its pinned profile (or the YAML as it reads now, when
+        not pinned) with the overrides."""
+        return load_run_config(task, self.profile, self.overrides_for(task), self.profile_sections.get(task))
 
 
 def quiet_lightning() -> None:
@@ -269,7 +284,7 @@ def run_cell(
     cell (a lock broken as stale meanwhile means another process owns the cell now).
     A KeyboardInterrupt leaves nothing of the attempt behind and propagates."""
     final = store.cell_dir(request.out, task_name, method.label, seed)
-    config = load_run_config(task_name, request.profile, request.overrides_for(task_name))
+    config = request.run_config(task_name)
     task = get_task(task_name)(config, request.data_root)
     base = {
         "task": task_name,
@@ -314,6 +329,7 @@ def _train_into(
                 "method": method.label,
                 "profile": request.profile,
                 "overrides": request.overrides_for(base["task"]),
+                "profile_section": request.profile_sections.get(base["task"]),
                 "data_root": None if request.data_root is None else str(request.data_root),
             }  # what the ranks of a DDP cell rebuild it from
             result = _train_and_test(task, make_encoding, seed, staging, request.progress, run_name, request.out, cell)
@@ -376,7 +392,7 @@ def _shown(value: Any) -> str:
 def requested_run_config(request: GridRequest, task_name: str) -> RunConfig:
     """What a cell of ``task_name`` runs, and stores, under ``request``: the profile with the
     overrides, and the CPU threads of the executor (if any) that will run it."""
-    config = load_run_config(task_name, request.profile, request.overrides_for(task_name))
+    config = request.run_config(task_name)
     if request.executor is None:
         return config
     trainer = config.trainer.model_copy(update={"threads": request.executor.cell_threads(config)})
@@ -494,6 +510,7 @@ def run_grid(request: GridRequest, say: Callable[[str], None] = print) -> list[s
     every ``poll_seconds``, and takes over a cell whose owner stopped without finishing it.
     So every process returns (and prints) the complete grid."""
     quiet_lightning()
+    request.pin_profiles()
     check_consistency(request)
     cells = [(t, m, s) for t in request.tasks for m in request.methods for s in request.seeds]
     label = {i: f"[{i}/{len(cells)}] {t} · {m.label} · seed {s}" for i, (t, m, s) in enumerate(cells, 1)}

@@ -9,7 +9,9 @@ import torch
 from PIL import Image
 
 from pe_bench.adapters import PositionEncoding, registry
+from pe_bench.harness import config as pe_config
 from pe_bench.harness.cli import main
+from pe_bench.harness.grid import runner as pe_runner
 from pe_bench.harness.grid import store
 
 SMALL = [
@@ -211,3 +213,61 @@ def test_a_retired_key_at_its_no_change_value_is_no_difference():
     assert tables.config_differences("imagenet", {"optim": {"lr": 0.002, "positional_lr_scale": 30.0}}, tree) == [
         "optim.positional_lr_scale=30.0 (others: absent)"
     ]
+
+
+ORIGINAL_TASK_YAML = pe_config.task_yaml
+ORIGINAL_TRAIN_INTO = pe_runner._train_into
+
+
+def _grid_with_yaml_edited_after_the_first_cell(out, monkeypatch):
+    """Run nopos then sincos; once the first cell has trained, the imagenet YAML "changes"
+    (its tiny profile's mlp_ratio becomes 1.0). Returns each cell's stored mlp_ratio."""
+    read_yaml, train_into, edited = ORIGINAL_TASK_YAML, ORIGINAL_TRAIN_INTO, []
+
+    def task_yaml(task):
+        spec = read_yaml(task)
+        if edited:
+            spec["profiles"]["tiny"]["model"]["mlp_ratio"] = 1.0
+        return spec
+
+    def train_then_edit(*args, **kwargs):
+        record = train_into(*args, **kwargs)
+        edited.append(True)
+        return record
+
+    monkeypatch.setattr(pe_config, "task_yaml", task_yaml)
+    monkeypatch.setattr(pe_runner, "_train_into", train_then_edit)
+    assert run(out, "nopos,sincos") == 0
+    stored = {m: store.read_cell(store.cell_dir(out, "imagenet", m, 0)).config for m in ("nopos", "sincos")}
+    return {m: config["model"]["mlp_ratio"] for m, config in stored.items()}
+
+
+def test_a_task_yaml_edited_while_the_grid_runs_does_not_reach_its_later_cells(tmp_path, monkeypatch):
+    """A grid reads each task's YAML profile once, when it starts: a later edit must not give the
+    cells that start after it another configuration (a mixed column that looks like one)."""
+    pinned = _grid_with_yaml_edited_after_the_first_cell(tmp_path / "pinned", monkeypatch)
+    assert pinned == {"nopos": 2.0, "sincos": 2.0}
+    # The check can fail: without pinning, the second cell reads the edited file.
+    from pe_bench.harness.grid.runner import GridRequest
+
+    monkeypatch.setattr(GridRequest, "pin_profiles", lambda self: None)
+    unpinned = _grid_with_yaml_edited_after_the_first_cell(tmp_path / "unpinned", monkeypatch)
+    assert unpinned == {"nopos": 2.0, "sincos": 1.0}
+
+
+def test_cells_run_in_workers_get_the_profiles_the_grid_pinned(monkeypatch):
+    """--jobs, Ray and SLURM workers rebuild the request from its JSON payload: the pinned
+    profiles travel with it, so a worker never reads the task YAML itself."""
+    from pe_bench.harness.grid import executor
+    from pe_bench.harness.grid.methods import parse_method
+    from pe_bench.harness.grid.runner import GridRequest
+
+    request = GridRequest(["imagenet"], [parse_method("nopos")])
+    request.pin_profiles()
+    request.profile_sections["imagenet"]["optim"]["epochs"] = 7  # stands for the YAML as it read at the start
+    payload = json.loads(json.dumps(executor.request_payload(request)))
+    seen = {}
+    monkeypatch.setattr("pe_bench.harness.grid.runner.claim_and_run", lambda req, *a, **k: seen.setdefault("r", req))
+    executor.run_cell_entry(payload, ("imagenet", "nopos", 0), threads=1)
+    worker = seen["r"].run_config("imagenet")
+    assert worker.optim.epochs == 7 and worker.trainer.threads == 1
