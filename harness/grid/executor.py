@@ -46,8 +46,8 @@ def request_payload(request: Any) -> dict[str, Any]:
         "out": str(request.out),
         "data_root": None if request.data_root is None else str(request.data_root),
         "overrides": request.overrides,
-        "task_overrides": getattr(request, "task_overrides", {}),
-        "profile_sections": getattr(request, "profile_sections", {}),
+        "task_overrides": request.task_overrides,
+        "profile_sections": request.profile_sections,
     }
 
 
@@ -73,10 +73,9 @@ def run_cell_entry(payload: dict[str, Any], cell: Cell, threads: int | None = No
         out=Path(payload["out"]),
         data_root=None if payload["data_root"] is None else Path(payload["data_root"]),
         overrides=overrides,
+        task_overrides=payload.get("task_overrides") or {},
+        profile_sections=payload.get("profile_sections") or {},
     )
-    if payload.get("task_overrides") and hasattr(request, "task_overrides"):
-        request.task_overrides = payload["task_overrides"]
-    request.profile_sections = payload.get("profile_sections") or {}
     task, method, seed = cell
     outcome = claim_and_run(request, (task, parse_method(method), seed), _name(cell), print, retry_failed=True)
     return getattr(outcome, "status", "elsewhere")  # a live process elsewhere holds the cell
@@ -310,15 +309,6 @@ def _eta(durations: list[float], left: int, jobs: int) -> str:
     return f", about {mean * left / jobs / 60:.1f} min left"
 
 
-def _config_of(request: Any, task: str) -> Any:
-    from ..config import load_run_config
-
-    if hasattr(request, "run_config"):
-        return request.run_config(task)
-    overrides = request.overrides_for(task) if hasattr(request, "overrides_for") else request.overrides
-    return load_run_config(task, request.profile, overrides)
-
-
 def cell_resources(config: Any) -> dict[str, Any]:
     """A cell's resource request from its config: CPUs (``trainer.threads``, default 1),
     GPUs (``trainer.devices`` when the accelerator is a GPU) and nodes."""
@@ -355,7 +345,7 @@ class RayExecutor(Executor):
         remote = ray.remote(_ray_cell)
         pending = {}
         for cell in cells:
-            resources = cell_resources(_config_of(request, cell[0]))
+            resources = cell_resources(request.run_config(cell[0]))
             task = remote.options(
                 num_cpus=resources["cpus"],
                 num_gpus=resources["gpus"] * self.gpu_share if resources["gpus"] else 0,
@@ -447,7 +437,7 @@ class SlurmExecutor(Executor):
         by_resources: dict[str, list[Cell]] = {}
         resources_of: dict[str, dict[str, Any]] = {}
         for cell in cells:
-            resources = cell_resources(_config_of(request, cell[0]))
+            resources = cell_resources(request.run_config(cell[0]))
             key = json.dumps(resources, sort_keys=True)
             by_resources.setdefault(key, []).append(cell)
             resources_of[key] = resources
