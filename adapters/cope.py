@@ -92,15 +92,19 @@ def interpolated_logits(probe: Tensor, table: Tensor, positions: Tensor) -> Tens
 
     probe: (B, H, N, d); table: (d, M); positions: (B, H, N, K) -> (B, H, N, K).
     The M dot products with integer embeddings are formed once and then interpolated,
-    instead of interpolating d-wide embeddings for every pair.
+    instead of interpolating d-wide embeddings for every pair. Every step below is a pass
+    over N x K per head, which dominates CoPE's cost at large grids, so the index is rounded
+    once (truncation, which is floor for p >= 0, with frac as the weight), the upper
+    neighbour is read from a table shifted by one (its last entry repeated, where clamped
+    positions land), and one lerp mixes the two; at an integer p the weight is 0 and the
+    upper value is not used, as with ceil.
     """
     at_integers = probe @ table.to(probe.dtype)  # (B, H, N, M)
+    at_next = torch.cat([at_integers[..., 1:], at_integers[..., -1:]], dim=-1)  # e[min(m + 1, M - 1)]
     positions = positions.clamp(0, table.shape[-1] - 1)
-    floor = positions.floor()
-    low = at_integers.gather(-1, floor.long())
-    high = at_integers.gather(-1, positions.ceil().long())
-    weight = (positions - floor).to(probe.dtype)
-    return high * weight + low * (1 - weight)
+    index = positions.long()  # truncation is floor for p >= 0
+    low, high = at_integers.gather(-1, index), at_next.gather(-1, index)
+    return torch.lerp(low, high, positions.frac().to(probe.dtype))
 
 
 def causal_keep(n_q: int, n_k: int, device: torch.device) -> Tensor:
@@ -120,7 +124,7 @@ class CoPELayer(LayerEncoding):
         """p_ij of Eq. 8 (with the non-causal extension), (B, H, Nq, Nk)."""
         key = inputs.key
         scale = 1.0 / math.sqrt(q.shape[-1])
-        gates = torch.sigmoid((q @ k.transpose(-1, -2)) * scale)
+        gates = torch.sigmoid((q * scale) @ k.transpose(-1, -2))  # scaled before the product: one N x N pass fewer
         counted = key.positioned  # CLS and padding are never counted
         keep = counted[:, None, None, :]
         if inputs.causal:
@@ -135,7 +139,7 @@ class CoPELayer(LayerEncoding):
         p = self.positions(q, k, inputs)
         r = interpolated_logits(q, self.pos_emb, p)
         pair = inputs.query.has_pos[:, None, :, None] & inputs.key.has_pos[:, None, None, :]
-        return r * pair.to(r.dtype) / math.sqrt(q.shape[-1])
+        return r * (pair.to(r.dtype) / math.sqrt(q.shape[-1]))  # mask and scale in one pass over r
 
 
 @register("cope")
