@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from pe_bench.adapters import Geometry, PositionLayout, build
 from pe_bench.adapters.transforms import mean_normalize
+from pe_bench.harness.blocks import TransformerEncoder
 from pe_bench.harness.conformance.probes import (
     LAYER_DIM,
     LAYER_HEADS,
@@ -85,6 +86,27 @@ def test_pape_a_is_negative_so_distance_decays():
     attn = make_attention("pape", 2, {"m": 4})
     a, _ = attn.encoding.coefficients(torch.randn(3, 10, LAYER_DIM, dtype=torch.float64))
     assert (a < 0).all()
+
+
+@pytest.mark.parametrize("linear", [False, True])
+def test_pape_without_linear_term_cannot_tell_a_layout_from_its_point_reflection(linear):
+    """Without b the bias is even in the offset, so a whole ViT with a position-free CLS gives
+    the same output for a layout and its point reflection (r -> -r, contents kept). On the
+    imagenet stand-in the reflection maps direction sector k to k + 4, hence a ceiling of
+    50 % for pape[linear=false] (README, PaPE Tables 2 and 3). The full PaPE tells them apart."""
+    torch.manual_seed(0)
+    geometry = Geometry(pos_dim=2, grid_shape=(4, 4), num_prefix_tokens=1)
+    enc = build("pape", geometry, LAYER_DIM, LAYER_HEADS, 2, {"m": 4, "linear": linear})
+    model = TransformerEncoder(LAYER_DIM, 2, LAYER_HEADS, enc).double()
+    layout = PositionLayout.grid(2, (4, 4), num_prefix_tokens=1)
+    reflected = layout.with_coords(-layout.coords)
+    x = torch.randn(2, 17, LAYER_DIM, dtype=torch.float64)
+    with torch.no_grad():
+        cls, cls_reflected = model(x, layout)[:, 0], model(x, reflected)[:, 0]
+    if linear:
+        assert (cls - cls_reflected).abs().max() > 1e-3
+    else:
+        torch.testing.assert_close(cls, cls_reflected, rtol=1e-9, atol=1e-9)
 
 
 @settings(max_examples=20, deadline=None)
