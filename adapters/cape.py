@@ -24,7 +24,7 @@ import math
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import Tensor
 
 from .base import EncodingOptions, PositionEncoding, PositionLayout, Principle, sinusoid_features
@@ -43,8 +43,19 @@ class CAPEOptions(EncodingOptions):
     # augmentation. CAPE maps images to [-1, 1] (Eq. 3-4), where its lowest 2-D frequency, pi,
     # spans the image once; off-grid positions in raw units (patches, 50 ms steps, metres) span
     # many such wavelengths, and the global scale then scrambles every long offset's phase.
-    # Tasks set it to bring their extent to about [-1, 1]; 1.0 keeps the raw units.
-    coordinate_scale: float = Field(1.0, gt=0.0)
+    # Tasks set it to bring their extent to about [-1, 1]; 1.0 keeps the raw units. One number
+    # keeps the geometry (metric scenes, where rotations matter); one per axis maps each axis
+    # to [-1, 1] on its own, as CAPE does for an image's two axes (Figure 1): for axes of
+    # different kinds, such as an event stream's patches and time.
+    coordinate_scale: float | tuple[float, ...] = 1.0
+
+    @field_validator("coordinate_scale", mode="before")
+    @classmethod
+    def _positive_scales(cls, value: object) -> object:
+        values = list(value) if isinstance(value, list | tuple) else [value]
+        if not values or not all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in values):
+            raise ValueError("must be a number > 0, or a list of numbers > 0, one per position axis")
+        return tuple(float(v) for v in values) if isinstance(value, list | tuple) else float(value)
 
 
 def spiral_directions(count: int, pos_dim: int) -> Tensor:
@@ -79,6 +90,12 @@ class CAPE(PositionEncoding):
             rho = 10 ** (torch.arange(1, half + 1, dtype=torch.float32) / half)
             freqs = math.pi * rho.unsqueeze(-1) * spiral_directions(half, p)
         self.register_buffer("frequencies", freqs.float(), persistent=False)
+        scale = self.options.coordinate_scale
+        if isinstance(scale, tuple) and len(scale) != p:
+            raise ValueError(
+                f"cape: coordinate_scale has {len(scale)} entries, the task's positions have {p} axes; "
+                f"give one number, or one per axis (e.g. coordinate_scale=[{', '.join(['0.1'] * p)}])"
+            )
         self.generator: torch.Generator | None = None  # tests may pin the augmentation RNG
 
     def _local_shift(self, layout: PositionLayout) -> float | list[float]:
@@ -94,7 +111,8 @@ class CAPE(PositionEncoding):
             layout = grid_to_unit(layout)
         layout = mean_normalize(layout)
         if not on_unit_grid and self.options.coordinate_scale != 1.0:
-            layout = layout.with_coords(layout.coords * self.options.coordinate_scale)
+            coords = layout.coords
+            layout = layout.with_coords(coords * torch.as_tensor(self.options.coordinate_scale).to(coords))
         if self.training:
             layout = cape_augment(
                 layout,

@@ -16,7 +16,22 @@ from pydantic import BaseModel, ValidationError
 
 from pe_bench.adapters import EncodingFactory, available, get
 
-_SPEC = re.compile(r"^(?P<name>[A-Za-z0-9_.+-]+)(\[(?P<opts>[^\]]*)\])?$")
+# Options run to the last "]", so a value may be a YAML list: cape[coordinate_scale=[0.1,0.2]].
+_SPEC = re.compile(r"^(?P<name>[A-Za-z0-9_.+-]+)(\[(?P<opts>.*)\])?$")
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split at commas outside [...]: "a,b[x=1,y=[2,3]]" -> ["a", "b[x=1,y=[2,3]]"]."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return parts
 
 
 @dataclass(frozen=True)
@@ -24,6 +39,9 @@ class MethodSpec:
     label: str
     name: str
     options: tuple[tuple[str, Any], ...] = ()
+
+    def __hash__(self) -> int:  # the label determines the options; a value may be a list
+        return hash(self.label)
 
     def merged_options(self, task_defaults: dict[str, Any] | None) -> dict[str, Any]:
         """Task-profile defaults for this encoding, overridden by the spec's own options."""
@@ -41,7 +59,7 @@ def parse_method(spec: str) -> MethodSpec:
     name = match["name"]
     cls = get(name)  # unknown names raise with the registered names and a close match
     options: dict[str, Any] = {}
-    for pair in filter(None, (p.strip() for p in (match["opts"] or "").split(","))):
+    for pair in filter(None, (p.strip() for p in split_top_level(match["opts"] or ""))):
         key, sep, raw = pair.partition("=")
         if not sep:
             raise ValueError(f"bad option {pair!r} in method spec {spec!r}; expected key=value")
@@ -74,15 +92,7 @@ def option_errors(spec: str, name: str, options: type[BaseModel], err: Validatio
 def parse_methods(spec: str) -> list[MethodSpec]:
     """Comma-separated specs (commas inside [...] belong to options); ``all`` = every encoding,
     also next to other specs (``all,pape[m=2]``); a repeated label counts once."""
-    parts, depth, current = [], 0, ""
-    for char in spec:
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    parts.append(current)
+    parts = split_top_level(spec)
     labels: list[str] = []
     for label in (p.strip() for p in parts if p.strip()):
         labels += available() if label == "all" else [label]

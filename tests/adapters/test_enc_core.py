@@ -169,6 +169,19 @@ def test_cape_coordinate_scale_multiplies_the_centred_positions_before_augmentat
     torch.testing.assert_close(with_scale.coords, plain)
 
 
+def test_cape_coordinate_scale_per_axis():
+    """One scale per axis maps each to [-1, 1] on its own (CAPE Figure 1 does so for an
+    image's two axes); the count must match the positions' axes."""
+    geometry = Geometry(pos_dim=3, grid_shape=None)
+    cape = build("cape", geometry, LAYER_DIM, LAYER_HEADS, 1, {"coordinate_scale": [0.5, 0.25, 0.01]}).eval()
+    coords = torch.randn(2, 7, 3, generator=torch.Generator().manual_seed(1)) * torch.tensor([2.0, 4.0, 100.0])
+    layout = PositionLayout(coords=coords, has_pos=torch.ones(2, 7, dtype=torch.bool))
+    expected = mean_normalize(layout).coords * torch.tensor([0.5, 0.25, 0.01])
+    torch.testing.assert_close(cape.prepare(layout).coords, expected)
+    with pytest.raises(ValueError, match="coordinate_scale has 2 entries, the task's positions have 3 axes"):
+        build("cape", geometry, LAYER_DIM, LAYER_HEADS, 1, {"coordinate_scale": [0.5, 0.25]})
+
+
 def test_cape_training_augmentation_stays_within_its_bounds():
     geometry = Geometry(pos_dim=1, grid_shape=None)
     cape = build(

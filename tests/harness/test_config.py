@@ -61,6 +61,42 @@ def test_method_specs_with_options():
     assert expanded == ["rope", *[n for n in available() if n != "rope"], "pape[m=2]"]
 
 
+def test_method_options_may_be_lists():
+    """Commas inside a value's [...] belong to it: one method, two options."""
+    (spec,) = parse_methods("cape[coordinate_scale=[0.3,0.3,0.02],max_scale=1.2]")
+    assert dict(spec.options) == {"coordinate_scale": [0.3, 0.3, 0.02], "max_scale": 1.2}
+    assert {spec} == {spec}  # hashable although a value is a list (cells are keyed by it)
+    with pytest.raises(ValueError, match=r"option coordinate_scale=\[0.3, -1\]: must be a number > 0"):
+        parse_method("cape[coordinate_scale=[0.3,-1]]")
+
+
+def test_every_task_profile_brings_off_grid_positions_to_capes_range():
+    """CAPE maps images to [-1, 1] (cape.txt Eq. 3-4); off the grid, raw units (metres, 2 cm
+    voxels, 50 ms steps) span many of its wavelengths and its global scale scrambles them. Every
+    profile of a task with off-grid positions therefore sets coordinate_scale (one number, or one
+    per axis, which must match the task's axes), or the paper's own units (speech: freq_scale)."""
+    from importlib import resources
+
+    import yaml
+
+    from pe_bench.adapters import build
+
+    checked = 0
+    for path in sorted(resources.files("pe_bench.configs").joinpath("tasks").iterdir()):
+        if not path.name.endswith(".yaml"):
+            continue
+        task = path.name.removesuffix(".yaml")
+        for profile in yaml.safe_load(path.read_text())["profiles"]:
+            config = load_run_config(task, profile)
+            geometry = get_task(task)(config).geometry()
+            options = (config.methods or {}).get("cape", {})
+            build("cape", geometry, 32, 4, 1, options)  # validates the values and their axis count
+            if geometry.grid_shape is None:
+                assert "coordinate_scale" in options or "freq_scale" in options, f"{task}/{profile}"
+                checked += 1
+    assert checked >= 10  # dvsgesture, gen1, modelnet40, scannet, nuscenes: tiny and paper
+
+
 def test_bad_method_option_names_the_key():
     with pytest.raises(ValueError, match="mm"):
         parse_method("pape[mm=8]")
