@@ -146,6 +146,9 @@ class CoPELayer(LayerEncoding):
 class ContextualPosition(OptionalAbsPosEncoding):
     principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.CONTEXT_AWARENESS})
     Options = CoPEOptions
+    # Positions enter only through their order, which scaling them by a positive factor keeps:
+    # interpolation cannot change any logit, so extrapolation shows n/a instead of a copy.
+    supports_position_interpolation = False
 
     @classmethod
     def unsupported_reason(cls, geometry: Geometry) -> str | None:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from pe_bench.adapters import AttentionInputs, Geometry, NotApplicableError, PositionLayout, Principle, build
 from pe_bench.adapters.abspos import LearnableAbsolute
+from pe_bench.adapters.cope import ContextualPosition
 from pe_bench.harness.attention import Attention
 from pe_bench.harness.blocks import TransformerEncoder
 
@@ -114,6 +115,16 @@ def test_cls_position_free_and_translation_invariance() -> None:
     shifted = layout.with_coords(layout.coords + torch.tensor([2.0, 7.0]))
     torch.testing.assert_close(attn.logits(x, shifted), with_pe)
     assert enc.claimed_principles() == {Principle.TRANSLATION_INVARIANCE, Principle.CONTEXT_AWARENESS}
+
+
+def test_scaling_positions_changes_nothing_so_interpolation_is_not_offered() -> None:
+    torch.manual_seed(0)
+    attn = Attention(DIM, HEADS, make().make_layer(0))
+    layout = PositionLayout.grid(1, (4, 4), num_prefix_tokens=1)
+    x = torch.randn(1, 17, DIM)
+    scaled = layout.with_coords(layout.coords * torch.tensor([0.25, 0.5]))  # extrapolation's interpolation
+    torch.testing.assert_close(attn.logits(x, scaled), attn.logits(x, layout))
+    assert not ContextualPosition.supports_position_interpolation
 
 
 def test_padding_gradients_and_larger_grid() -> None:
