@@ -96,6 +96,8 @@ class CAPE(PositionEncoding):
                 f"cape: coordinate_scale has {len(scale)} entries, the task's positions have {p} axes; "
                 f"give one number, or one per axis (e.g. coordinate_scale=[{', '.join(['0.1'] * p)}])"
             )
+        # A buffer, so that it lives on the model's device: no host-to-device copy per forward.
+        self.register_buffer("coordinate_scale", torch.tensor(scale, dtype=torch.float32), persistent=False)
         self.generator: torch.Generator | None = None  # tests may pin the augmentation RNG
 
     def _local_shift(self, layout: PositionLayout) -> float | list[float]:
@@ -111,8 +113,7 @@ class CAPE(PositionEncoding):
             layout = grid_to_unit(layout)
         layout = mean_normalize(layout)
         if not on_unit_grid and self.options.coordinate_scale != 1.0:
-            coords = layout.coords
-            layout = layout.with_coords(coords * torch.as_tensor(self.options.coordinate_scale).to(coords))
+            layout = layout.with_coords(layout.coords * self.coordinate_scale.to(layout.coords.dtype))
         if self.training:
             layout = cape_augment(
                 layout,
