@@ -206,6 +206,35 @@ def test_cape_two_dim_frequencies_follow_eq_4():
     torch.testing.assert_close(cape.frequencies, expected)
 
 
+@pytest.mark.parametrize("pos_dim", [2, 3])
+def test_cape_axes_directions_give_each_component_one_coordinate(pos_dim):
+    """`directions: axes` keeps CAPE's frequency ladder but puts frequency k on axis k mod P:
+    moving one coordinate changes only that axis's components. The paper's hatching mixes
+    the axes in every component (the contrast the scannet ablation measures)."""
+    geometry = Geometry(pos_dim=pos_dim, grid_shape=None)
+    axes = build("cape", geometry, 12, 2, 1, {"directions": "axes"}).eval()
+    hatching = build("cape", geometry, 12, 2, 1).eval()
+    half = 6
+    rho = 10 ** (torch.arange(1, half + 1, dtype=torch.float32) / half)
+    torch.testing.assert_close(axes.frequencies.norm(dim=-1), math.pi * rho)
+    torch.testing.assert_close(hatching.frequencies.norm(dim=-1), math.pi * rho)
+    coords = torch.randn(1, 5, pos_dim, generator=torch.Generator().manual_seed(0))
+    has_pos = torch.ones(1, 5, dtype=torch.bool)
+    for axis in range(pos_dim):
+        moved = coords.clone()
+        moved[..., axis] += 0.37
+        features = {}
+        for name, cape in (("axes", axes), ("hatching", hatching)):
+            x = torch.zeros(1, 5, 12)
+            before = cape.embed(x, PositionLayout(coords=coords, has_pos=has_pos))
+            after = cape.embed(x, PositionLayout(coords=moved, has_pos=has_pos))
+            features[name] = (after - before).abs().amax(dim=(0, 1)) > 1e-6  # components that changed
+        on_axis = (torch.arange(half) % pos_dim == axis).repeat(2)  # [cos | sin] halves
+        assert torch.equal(features["axes"], on_axis)
+        # Every hatching component after the first (k = 0 lies in the x-z or x plane) mixes every axis.
+        assert features["hatching"].view(2, half)[:, 1:].all()
+
+
 def test_abspos_resizes_bicubically_and_is_exact_on_its_own_grid():
     geometry = Geometry(pos_dim=2, grid_shape=(4, 4), num_prefix_tokens=1)
     abspos = build("abspos", geometry, LAYER_DIM, LAYER_HEADS, 1)
