@@ -57,6 +57,7 @@ class CAPEOptions(EncodingOptions):
     coordinate_scale: float | tuple[float, ...] = 1.0
     # "hatching": each frequency on its own direction, mixing the axes (the paper, Eq. 4);
     # "axes": each frequency on one coordinate axis in turn (an ablation; module docstring).
+    # Positions with one axis (text, speech) use the 1-D ladder, where both are the same.
     directions: Literal["hatching", "axes"] = "hatching"
 
     @field_validator("coordinate_scale", mode="before")
