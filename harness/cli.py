@@ -3,7 +3,8 @@
 pe-bench run --tasks all --methods pape,rope,cape [--profile tiny|paper] [--seeds 0,1,2]
              [--out DIR] [--data-root DIR] [--set [TASK:]optim.epochs=5 ...] [-c FILE] [--dry-run]
              [--jobs N|auto] [--executor local|ray|slurm]
-pe-bench table [--out DIR [--out DIR ...]] [--ci 95] [--no-significance] [--paper pape:table1]
+pe-bench table [--out DIR [--out DIR ...]] [--tasks T,...] [--ci 95] [--no-significance] [--spread-limit 3]
+               [--paper pape:table1]
 pe-bench list tasks|methods
 pe-bench bench [--model tiny|vit-s|vit-b] [--methods ...] [--threads N] [--sweep 256,1024,4096]
                [--compile] [--throughput] [--pape-precision]
@@ -144,6 +145,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="bold every cell not significantly different from the best (paired t-test; default on)",
     )
     table.add_argument("--alpha", type=float, default=0.05, help="significance level of the paired test")
+    table.add_argument(
+        "--tasks",
+        type=lambda text: [t.strip() for t in text.split(",") if t.strip()],
+        default=None,
+        help="only these tasks' columns (comma-separated); printed, not written",
+    )
+    table.add_argument(
+        "--spread-limit",
+        type=float,
+        default=3.0,
+        metavar="STD",
+        help="mark ‡ every cell whose seeds' std exceeds STD, in the metric's units (default 3; inf: never)",
+    )
 
     papers = sub.add_parser("papers", help="list the papers' published tables, or print one")
     papers.add_argument("ref", nargs="?", default=None, help="e.g. pape:table5")
@@ -348,10 +362,10 @@ def cmd_table(args: argparse.Namespace) -> int:
             return 2
     if not 0 < args.alpha < 1:
         raise ValueError(f"--alpha must lie between 0 and 1, got {args.alpha}")
-    if len(folders) > 1:
+    if len(folders) > 1 or args.tasks:
         return _print_merged_tables(folders, args)
     out = folders[0]
-    print(tables.write_tables(out, ci=args.ci, significance=args.significance, alpha=args.alpha))
+    print(tables.write_tables(out, args.ci, args.significance, args.alpha, args.spread_limit))
     written = ["table.md", "table.tex", "table.csv"]
     for text in tables.write_extra_tables(out, load_records(out)):
         print(f"\n{text}")
@@ -366,23 +380,30 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def _print_merged_tables(folders: list[Path], args: argparse.Namespace) -> int:
-    """One matrix from the records of several folders. Nothing is written: no single folder
-    holds every cell, and a table file in one of them would then describe cells it lacks."""
+    """One matrix from the records of several folders, or of some tasks only. Nothing is
+    written: a table file in a results folder would then describe other cells than it holds."""
     from pe_bench.harness.reports import tables
 
     try:
         results = tables.load_results(folders)
-    except tables.DuplicateCellError as err:
-        print(f"error: {err}", file=sys.stderr)
+        if args.tasks:
+            results = tables.select_tasks(results, args.tasks)
+    except (tables.DuplicateCellError, KeyError) as err:
+        print(f"error: {err.args[0]}", file=sys.stderr)
         return 2
-    print(tables.render(results, "markdown", ci=args.ci, significance=args.significance, alpha=args.alpha))
+    print(tables.render(results, "markdown", args.ci, args.significance, args.alpha, args.spread_limit))
     for frame in tables.extra_tables(results.records).values():
         print(f"\n{tables.render_extra_table(frame)}")
     if args.paper:
         from pe_bench.harness.reports.papers import compare_markdown
 
         print(f"\nOurs next to `{args.paper}`.\n\n{compare_markdown(results, args.paper)}")
-    print(f"\n(merged from {len(folders)} folders: {', '.join(map(str, folders))}; printed, not written)")
+    what = str(folders[0])
+    if len(folders) > 1:
+        what = f"merged from {len(folders)} folders: {', '.join(map(str, folders))}"
+    if args.tasks:
+        what += f"; tasks {', '.join(args.tasks)}"
+    print(f"\n({what}; printed, not written)")
     return 0
 
 

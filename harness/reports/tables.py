@@ -16,6 +16,11 @@ What a table guarantees:
   harness/config_diff.py, as the grid runner does) is the task's; a cell trained otherwise
   is marked ``†`` and the footnote names the differing keys. A finished cell without a
   readable config.yaml is left out and listed.
+- Spread. A cell whose seeds spread by more than ``SPREAD_LIMIT`` (std, in the metric's units;
+  issue 14's target for the tiny profiles) is marked ``‡``: its mean says little about where the
+  encoding ranks (some seeds learned the task and some did not), and a paired test against
+  the best often cannot reject it, so it can be bold for its spread alone. The mark does not
+  change the ranking; it tells the reader to look at the seeds.
 - Ranking. Only complete cells (every seed asked for) of the task's configuration are
   ranked; a cell with missing seeds or another configuration is never marked best. By
   default the best cell is bold together with every ranked cell not significantly different
@@ -28,6 +33,7 @@ What a table guarantees:
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -51,13 +57,16 @@ PER_METHOD_KEYS = ("method", "encoding", "options", "methods")
 
 SUMMARY_COLUMNS = [
     "task", "method", "metric", "higher_is_better", "mean", "std", "n", "asked", "failed", "diverged",
-    "status", "config_ok", "ci_low", "ci_high", "p_vs_best",
+    "status", "config_ok", "wide_spread", "ci_low", "ci_high", "p_vs_best",
 ]  # fmt: skip
 STATUS_PARTIAL = "partial"  # some, not all, of the seeds asked for finished
 STATUS_MISSING = "missing"  # no finished seed, and none failed or diverged
 DEFAULT_CI = 0.95  # table.csv's ci_low/ci_high when no other level is asked for
 ALPHA = 0.05
 AVERAGE = "Average"
+# Seed std above which a cell is marked ‡. 3 points is issue 14's stability target for the tiny
+# profiles; every built-in metric is on a 0-100 scale (%, mAP, BLEU, WER), so one limit fits all.
+SPREAD_LIMIT = 3.0
 
 CellKey = tuple[str, str, int]  # (task, method, seed)
 
@@ -129,6 +138,24 @@ def load_results(out: Path | Sequence[Path]) -> StoredResults:
             records.append(record)
     records.sort(key=_key)  # columns and rows in the same order as from one folder
     return StoredResults(records, configs, incomplete)
+
+
+def select_tasks(results: StoredResults, tasks: Sequence[str]) -> StoredResults:
+    """Only the records (and incomplete cells) of ``tasks``, in the order stored. A name that no
+    record holds is an error naming the tasks that are there, since an empty column would read
+    as if the task had nothing to show."""
+    held = sorted({r.task for r in results.records} | {task for task, _, _ in results.incomplete})
+    for task in tasks:
+        if task not in held:
+            close = difflib.get_close_matches(task, held, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise KeyError(f"no stored cell of task {task!r}{hint}; the results hold: {', '.join(held)}")
+    wanted = set(tasks)
+    return StoredResults(
+        [r for r in results.records if r.task in wanted],
+        None if results.configs is None else {k: v for k, v in results.configs.items() if k[0] in wanted},
+        {k: v for k, v in results.incomplete.items() if k[0] in wanted},
+    )
 
 
 def _key(record: store.CellRecord) -> CellKey:
@@ -229,13 +256,17 @@ def _status(n: int, asked: int, failed: int, diverged: int, not_applicable: bool
 
 
 def summary(
-    results: StoredResults | Iterable[store.CellRecord], ci: float | None = None, check: ConfigCheck | None = None
+    results: StoredResults | Iterable[store.CellRecord],
+    ci: float | None = None,
+    check: ConfigCheck | None = None,
+    spread_limit: float = SPREAD_LIMIT,
 ) -> pd.DataFrame:
     """One row per (task, method): ``SUMMARY_COLUMNS`` plus ``scores`` (seed -> score).
 
     ``n`` finished seeds of ``asked``; ``failed``/``diverged`` seed counts; ``status`` ok
     (complete), partial, failed, diverged, missing or n/a; ``config_ok`` False for a cell with
-    a seed trained in another configuration than its task's; ``ci_low``/``ci_high`` the
+    a seed trained in another configuration than its task's; ``wide_spread`` True when its
+    seeds' std exceeds ``spread_limit``; ``ci_low``/``ci_high`` the
     t-interval at level ``ci`` (default 95 %); ``p_vs_best`` the paired t-test's p-value
     against the task's best ranked cell (NaN for the best itself and without a test).
     """
@@ -248,6 +279,7 @@ def summary(
         groups[(record.task, record.method)].append(record)
     rows = [_summary_row(records, len(asked.get(task, [])), outliers, level) for (task, _), records in groups.items()]
     frame = pd.DataFrame(rows, columns=[*SUMMARY_COLUMNS, "scores"])
+    frame["wide_spread"] = (frame["std"] > spread_limit).astype(bool)  # NaN (one seed) compares False
     for index in best_cells(frame).values():
         best = frame.loc[index]
         for other in frame.index[(frame["task"] == best["task"]) & (frame.index != index)]:
@@ -279,6 +311,7 @@ def _summary_row(
         "diverged": diverged,
         "status": _status(len(scores), asked, failed, diverged, not_applicable),
         "config_ok": not any((task, method, seed) in outliers for seed in scores),
+        "wide_spread": False,  # set for the whole frame in summary()
         "ci_low": low,
         "ci_high": high,
         "p_vs_best": math.nan,
@@ -378,6 +411,8 @@ def _value_text(row: pd.Series, ci: float | None) -> str:
         text += f" ({int(row['n'])}/{asked})"
     if not row["config_ok"]:
         text += " †"
+    if row["wide_spread"]:
+        text += " ‡"
     return text
 
 
@@ -396,11 +431,12 @@ def _build(
     ci: float | None = None,
     significance: bool = True,
     alpha: float = ALPHA,
+    spread_limit: float = SPREAD_LIMIT,
 ) -> _Table | None:
     """The matrix as plain text with emphasis and notes; None when there is nothing to show."""
     results = as_results(results)
     check = check_configs(results)
-    stats = summary(results, ci, check)
+    stats = summary(results, ci, check, spread_limit)
     means, stds, labels = matrix(results, stats)
     if means.empty:
         return None
@@ -429,7 +465,7 @@ def _build(
     header = [f"{c} {labels[c]}{'' if better.get(c, True) else ' ↓'}".strip() for c in means.columns]
     profiles = sorted({r.profile for r in results.records})
     caption = f"Result matrix, {', '.join(profiles)} profile. " + _spread_note(ci)
-    notes = _notes(results, stats, check, tested, significance, alpha, averaged=AVERAGE in means.columns)
+    notes = _notes(results, stats, check, tested, significance, alpha, AVERAGE in means.columns, spread_limit)
     return _Table(header, rows, caption, notes)
 
 
@@ -450,6 +486,7 @@ def _notes(
     significance: bool,
     alpha: float,
     averaged: bool,
+    spread_limit: float,
 ) -> list[str]:
     notes = [_seeds_note(asked_seeds(results))]
     missing = _missing_note(stats)
@@ -467,6 +504,8 @@ def _notes(
             for (task, method, difference), seeds in grouped.items()
         ]
         notes.append("† another configuration than the rest of its task (not ranked): " + "; ".join(parts) + ".")
+    if stats["wide_spread"].any():
+        notes.append(_spread_mark_note(stats, spread_limit))
     for task in check.ties:
         notes.append(f"{task}: no configuration is shared by most cells; the first one found is taken as the task's.")
     if results.incomplete:
@@ -474,6 +513,18 @@ def _notes(
     if any(r.profile == "tiny" for r in results.records):
         notes.append(_tiny_footnote(sorted({r.task for r in results.records})))
     return notes
+
+
+def _spread_mark_note(stats: pd.DataFrame, spread_limit: float) -> str:
+    wide = stats[stats["wide_spread"]]
+    seeds = "; ".join(
+        f"{row['task']}/{row['method']} " + " / ".join(f"{score:.1f}" for _, score in sorted(row["scores"].items()))
+        for _, row in wide.iterrows()
+    )
+    return (
+        f"‡ seeds spread by more than {spread_limit:g} (std, in the metric's units): the mean ranks little, and a "
+        f"cell that wide can be bold for its spread alone; run more seeds before reading it. Per seed: {seeds}."
+    )
 
 
 def _incomplete_note(results: StoredResults) -> str:
@@ -566,31 +617,39 @@ def render(
     ci: float | None = None,
     significance: bool = True,
     alpha: float = ALPHA,
+    spread_limit: float = SPREAD_LIMIT,
 ) -> str:
     """The matrix as Markdown (``fmt="markdown"``) or a LaTeX booktabs float (``"latex"``).
 
     ``ci``: show ± the half-width of this Student-t confidence interval (e.g. 0.95) instead of
     ± std. ``significance``: bold every ranked cell not significantly different from the best.
+    ``spread_limit``: mark ‡ every cell whose seeds' std exceeds it (``math.inf``: never).
     """
     if fmt not in ("markdown", "latex"):
         raise ValueError(f"unknown table format {fmt!r}; use 'markdown' or 'latex'")
     results = as_results(results)
-    table = _build(results, ci, significance, alpha)
+    table = _build(results, ci, significance, alpha, spread_limit)
     if table is None:
         empty = "(no results yet)" + (f"\n\n{_incomplete_note(results)}" if results.incomplete else "")
         return empty if fmt == "markdown" else "".join(f"% {line}\n" for line in empty.splitlines() if line)
     return _markdown(table) if fmt == "markdown" else _latex(table)
 
 
-def write_tables(out: Path, ci: float | None = None, significance: bool = True, alpha: float = ALPHA) -> str:
+def write_tables(
+    out: Path,
+    ci: float | None = None,
+    significance: bool = True,
+    alpha: float = ALPHA,
+    spread_limit: float = SPREAD_LIMIT,
+) -> str:
     """Write table.md, table.tex and table.csv under ``out`` from its stored cells; return the Markdown."""
     out = Path(out)
     results = load_results(out)
-    markdown = render(results, "markdown", ci, significance, alpha)
+    markdown = render(results, "markdown", ci, significance, alpha, spread_limit)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(markdown + "\n")
-    (out / "table.tex").write_text(render(results, "latex", ci, significance, alpha))
-    summary(results, ci)[SUMMARY_COLUMNS].to_csv(out / "table.csv", index=False)
+    (out / "table.tex").write_text(render(results, "latex", ci, significance, alpha, spread_limit))
+    summary(results, ci, spread_limit=spread_limit)[SUMMARY_COLUMNS].to_csv(out / "table.csv", index=False)
     return markdown
 
 

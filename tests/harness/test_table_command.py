@@ -92,6 +92,23 @@ def test_several_folders_merge_into_the_table_of_one_folder_holding_every_cell(t
     assert not list(first.glob("table.*")) and not list(second.glob("table.*"))
 
 
+def test_tasks_and_spread_limit_options(tmp_path, capsys):
+    """--tasks prints some columns without writing files that would describe other cells than
+    the folder holds; --spread-limit moves the ‡ mark; a task the records lack is an error."""
+    _grid(tmp_path)
+    for seed in (0, 1, 2):
+        _cell(tmp_path, "cifar10", "pape", seed, 70.0 + 2 * seed)
+    assert main(["table", "--out", str(tmp_path), "--tasks", "cifar10", "--spread-limit", "1.5"]) == 0
+    printed = capsys.readouterr().out
+    assert "cifar10 Acc. (%)" in printed and "imagenet" not in printed.split("\n")[0]
+    assert "72.00 ± 2.00 ‡" in printed and f"({tmp_path}; tasks cifar10; printed, not written)" in printed
+    assert not list(tmp_path.glob("table.*"))
+    assert main(["table", "--out", str(tmp_path), "--tasks", "cifar100"]) == 2
+    assert "no stored cell of task 'cifar100' (did you mean 'cifar10'?)" in capsys.readouterr().err
+    assert main(["table", "--out", str(tmp_path)]) == 0
+    assert "‡" not in capsys.readouterr().out  # default limit 3: pape's std 2.0 is within it
+
+
 def test_a_cell_stored_in_two_merged_folders_is_an_error_naming_both(tmp_path, capsys):
     first, second = tmp_path / "first", tmp_path / "second"
     _grid(first)

@@ -115,7 +115,7 @@ def test_tables_written_from_stored_cells_only(tmp_path):
     header = (tmp_path / "table.csv").read_text().splitlines()[0]
     assert header.split(",") == tables.SUMMARY_COLUMNS == [
         "task", "method", "metric", "higher_is_better", "mean", "std", "n", "asked", "failed", "diverged",
-        "status", "config_ok", "ci_low", "ci_high", "p_vs_best",
+        "status", "config_ok", "wide_spread", "ci_low", "ci_high", "p_vs_best",
     ]  # fmt: skip
     assert read_csv(tmp_path)[("imagenet", "pape")]["mean"] == "70.0"
 
@@ -247,6 +247,44 @@ def test_cells_not_significantly_worse_than_the_best_are_bold_too(tmp_path):
     assert float(rows[("imagenet", "nopos")]["p_vs_best"]) < 0.05
     plain = write_tables(tmp_path, significance=False)
     assert "**91.00 ± 1.00**" in plain and "<u>90.17 ± 1.04</u>" in plain and "no significance test" in plain
+
+
+def test_a_cell_whose_seeds_spread_past_the_limit_is_marked_with_its_seeds(tmp_path):
+    """A cell where some seeds learned the task and some did not has a mean that ranks nothing,
+    and the paired test cannot separate it from the best, so it is bold: the mark must say so."""
+    scores = {"pape": [99.0, 100.0, 99.5], "sape2": [98.0, 26.0, 99.0], "rope": [96.0, 97.0, 100.0]}
+    for method, values in scores.items():
+        for seed, value in enumerate(values):
+            stored(tmp_path, "imagenet", method, seed, value)
+    markdown = write_tables(tmp_path)
+    assert "**74.33 ± 41.86 ‡**" in markdown  # still bold: the mark does not change the ranking
+    assert "± 2.08" in markdown and "± 2.08 ‡" not in markdown  # rope's std 2.08 is within 3
+    assert "‡ seeds spread by more than 3 (std, in the metric's units)" in markdown
+    assert "Per seed: imagenet/sape2 98.0 / 26.0 / 99.0." in markdown
+    assert r"74.33 $\pm$ 41.86 $^\ddagger$" in (tmp_path / "table.tex").read_text()
+    rows = read_csv(tmp_path)
+    assert rows[("imagenet", "sape2")]["wide_spread"] == "True" and rows[("imagenet", "pape")]["wide_spread"] == "False"
+    lenient = write_tables(tmp_path, spread_limit=math.inf)
+    assert "‡" not in lenient and read_csv(tmp_path)[("imagenet", "sape2")]["wide_spread"] == "False"
+    strict = write_tables(tmp_path, spread_limit=1.0)
+    assert "± 2.08 ‡" in strict and "99.50 ± 0.50 ‡" not in strict
+    single = render([rec("imagenet", "pape", 0, 50.0), rec("imagenet", "rope", 0, 10.0)], spread_limit=0.0)
+    assert "‡" not in single  # one seed has no spread to mark
+
+
+def test_select_tasks_keeps_those_columns_and_names_what_is_there(tmp_path):
+    for seed in (0, 1):
+        stored(tmp_path, "imagenet", "pape", seed, 90.0 + seed)
+        stored(tmp_path, "cifar10", "pape", seed, 80.0 + seed)
+    results = tables.load_results(tmp_path)
+    only = tables.select_tasks(results, ["cifar10"])
+    assert {r.task for r in only.records} == {"cifar10"} and {k[0] for k in only.configs} == {"cifar10"}
+    assert "imagenet" not in render(only) and "80.50 ± 0.71" in render(only)
+    with pytest.raises(KeyError) as error:
+        tables.select_tasks(results, ["imagent"])
+    assert error.value.args[0] == (
+        "no stored cell of task 'imagent' (did you mean 'imagenet'?); the results hold: cifar10, imagenet"
+    )
 
 
 def test_latex_escapes_headers_and_names_with_one_header_row_a_caption_and_notes():
