@@ -1,5 +1,7 @@
-"""The README's matrix must be backed by records: the records shipped in ``results/reference``
-are rendered into one matrix and compared with the README, cell by cell."""
+"""The README's matrices must be backed by records: the records shipped in ``results/reference``
+are rendered as the README says and compared with it, cell by cell. The main matrix merges the
+folders of seeds 0-2 (what `pe-bench run ... --seeds 0,1,2` gives); the 6-seed matrix adds the
+folders of seeds 3-5 for the columns they complete."""
 
 from __future__ import annotations
 
@@ -16,6 +18,14 @@ REFERENCE = ROOT / "results" / "reference"
 FOLDERS = sorted(p.name for p in REFERENCE.iterdir() if (p / "runs").is_dir())
 
 
+def _seeds(folder: Path) -> list[int]:
+    return sorted({int(p.name.removeprefix("seed")) for p in folder.glob("runs/*/*/seed*")})
+
+
+MATRIX_FOLDERS = [f for f in FOLDERS if _seeds(REFERENCE / f) == [0, 1, 2]]
+MORE_SEEDS = [f for f in FOLDERS if f not in MATRIX_FOLDERS]
+
+
 def _copy(folder: str, tmp_path: Path) -> Path:
     """A scratch copy: `pe-bench table` writes its table files into the folder it reads."""
     out = tmp_path / folder
@@ -27,11 +37,15 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
-def _rows(markdown: str, column: str) -> dict[str, dict[str, str]]:
-    """method -> {column: cell} (emphasis kept) of the first "Position encoding" table that has
-    ``column``, whatever the padding of its header."""
+def _rows(markdown: str, columns: list[str] | None = None) -> dict[str, dict[str, str]]:
+    """method -> {column: cell} (emphasis kept) of the first "Position encoding" table, or of the
+    first whose header is exactly ``columns``, whatever the padding of its header."""
     lines = markdown.split("\n")
-    start = next(i for i, line in enumerate(lines) if line.startswith("| Position encoding") and column in _cells(line))
+    start = next(
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("| Position encoding") and (columns is None or _cells(line) == columns)
+    )
     header = _cells(lines[start])
     rows = {}
     for line in lines[start + 2 :]:
@@ -42,31 +56,54 @@ def _rows(markdown: str, column: str) -> dict[str, dict[str, str]]:
     return rows
 
 
-def test_readme_matrix_is_the_merged_table_of_the_shipped_records(capsys):
-    """Every cell of the README's matrix, its emphasis and its Average column, is what
-    `pe-bench table` prints from the shipped folders together (it writes nothing when merging),
-    and the matrix has no row or column the records do not hold."""
-    argv = ["table"] + [arg for folder in FOLDERS for arg in ("--out", str(REFERENCE / folder))]
+def _more_seeds_tasks() -> list[str]:
+    return sorted({p.name for folder in MORE_SEEDS for p in (REFERENCE / folder / "runs").iterdir() if p.is_dir()})
+
+
+def _check_readme_table(folders: list[str], capsys, *extra: str) -> dict[str, dict[str, str]]:
+    """The README table with the header `pe-bench table --out F1 --out F2 ... EXTRA` prints must
+    hold exactly its rows and cells (emphasis and Average included)."""
+    argv = ["table"] + [arg for folder in folders for arg in ("--out", str(REFERENCE / folder))] + list(extra)
     files = sorted(REFERENCE.rglob("*"))
     assert main(argv) == 0
     assert sorted(REFERENCE.rglob("*")) == files, "merging must not write into the reference folders"
-    fresh = _rows(capsys.readouterr().out, "Position encoding")
-    readme = _rows((ROOT / "README.md").read_text(), "coco mAP")
+    fresh = _rows(capsys.readouterr().out)
+    header = list(next(iter(fresh.values())))  # the first column is "Position encoding"
+    readme = _rows((ROOT / "README.md").read_text(), header)
     assert sorted(readme) == sorted(fresh), "the README matrix and the records hold other encodings"
     for method, cells in fresh.items():
-        assert list(readme[method]) == list(cells), f"README matrix columns differ from the records' ({method})"
         for column, cell in cells.items():
             assert readme[method][column] == cell, (
                 f"README matrix, {method} · {column}: {readme[method][column]!r}, but the shipped "
-                f"records (`pe-bench table` with --out {' --out '.join(FOLDERS)}) give {cell!r}"
+                f"records (`pe-bench {' '.join(argv)}`) give {cell!r}"
             )
     assert re.search(r"\d", "".join(c for cells in fresh.values() for c in cells.values()))
+    return fresh
+
+
+def test_readme_matrix_is_the_merged_table_of_the_shipped_records(capsys):
+    """Every cell of the README's matrix is what `pe-bench table` prints from the shipped
+    folders of seeds 0-2 together (it writes nothing when merging)."""
+    fresh = _check_readme_table(MATRIX_FOLDERS, capsys)
+    assert "coco mAP" in next(iter(fresh.values()))
+
+
+@pytest.mark.skipif(not MORE_SEEDS, reason="no folder of further seeds is shipped")
+def test_readme_six_seed_matrix_is_the_merged_table_of_the_shipped_records(capsys):
+    """The 6-seed matrix: every folder merged, the columns that the further seeds complete.
+    Every cell of those columns must hold 6 seeds, or the matrix would compare 3 with 6."""
+    tasks = _more_seeds_tasks()
+    fresh = _check_readme_table(FOLDERS, capsys, "--tasks", ",".join(tasks))
+    skip = ("Position encoding", "Average")
+    cells = [cell for row in fresh.values() for column, cell in row.items() if column not in skip]
+    assert cells and not any("/6)" in cell for cell in cells), "a column of the 6-seed matrix lacks seeds"
 
 
 def _dry_run(out: Path, capsys, *extra: str) -> str:
     tasks = ",".join(sorted(p.name for p in (out / "runs").iterdir() if p.is_dir()))
+    seeds = ",".join(map(str, _seeds(out)))
     # --jobs 2 pins one thread per cell, as every shipped column was trained.
-    argv = ["run", "--tasks", tasks, "--methods", "all", "--seeds", "0,1,2", "--profile", "tiny"]
+    argv = ["run", "--tasks", tasks, "--methods", "all", "--seeds", seeds, "--profile", "tiny"]
     main([*argv, "--out", str(out), "--jobs", "2", "--dry-run", "--no-progress", *extra])
     return capsys.readouterr().out
 
