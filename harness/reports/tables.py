@@ -277,9 +277,11 @@ def summary(
     groups: dict[tuple[str, str], list[store.CellRecord]] = defaultdict(list)
     for record in results.records:
         groups[(record.task, record.method)].append(record)
-    rows = [_summary_row(records, len(asked.get(task, [])), outliers, level) for (task, _), records in groups.items()]
+    rows = [
+        _summary_row(records, len(asked.get(task, [])), outliers, level, spread_limit)
+        for (task, _), records in groups.items()
+    ]
     frame = pd.DataFrame(rows, columns=[*SUMMARY_COLUMNS, "scores"])
-    frame["wide_spread"] = (frame["std"] > spread_limit).astype(bool)  # NaN (one seed) compares False
     for index in best_cells(frame).values():
         best = frame.loc[index]
         for other in frame.index[(frame["task"] == best["task"]) & (frame.index != index)]:
@@ -288,7 +290,7 @@ def summary(
 
 
 def _summary_row(
-    records: list[store.CellRecord], asked: int, outliers: dict[CellKey, str], level: float
+    records: list[store.CellRecord], asked: int, outliers: dict[CellKey, str], level: float, spread_limit: float
 ) -> dict[str, Any]:
     """The summary of one (task, method) cell from its records, ``p_vs_best`` still NaN."""
     task, method = records[0].task, records[0].method
@@ -298,20 +300,21 @@ def _summary_row(
     diverged = sum(r.status == store.STATUS_DIVERGED for r in records)
     not_applicable = not scores and any(r.status == store.STATUS_NA for r in records)
     low, high = t_interval(list(scores.values()), level)
+    std = values.std() if len(values) else math.nan
     return {
         "task": task,
         "method": method,
         "metric": records[0].metric_label,
         "higher_is_better": bool(records[0].higher_is_better),
         "mean": values.mean() if len(values) else math.nan,
-        "std": values.std() if len(values) else math.nan,
+        "std": std,
         "n": len(scores),
         "asked": asked,
         "failed": failed,
         "diverged": diverged,
         "status": _status(len(scores), asked, failed, diverged, not_applicable),
         "config_ok": not any((task, method, seed) in outliers for seed in scores),
-        "wide_spread": False,  # set for the whole frame in summary()
+        "wide_spread": bool(std > spread_limit),  # NaN (one seed) compares False
         "ci_low": low,
         "ci_high": high,
         "p_vs_best": math.nan,
