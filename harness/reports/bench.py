@@ -343,7 +343,7 @@ def _attention_probabilities(layer: Attention, x: torch.Tensor, layout: Position
 
 def pape_precision_table(
     sides: tuple[int, ...] = (14, 32, 64, 128),
-    methods: tuple[str, ...] = ("pape", "pape-ri"),
+    methods: tuple[str, ...] = ("nopos", "pape", "pape-ri"),
     dim: int = 256,
     heads: int = 4,
     queries: int = 256,
@@ -356,13 +356,17 @@ def pape_precision_table(
 
     Weights are the encodings' initialisation with head width 64 (ViT-B's), inputs standard
     normal. What remains in "bf16 split" is mostly the bf16 rounding of the content q . k,
-    which every encoding has in bf16.
+    which every encoding has in bf16: a method without the ``low_precision`` option (the
+    default ``nopos`` row) gets plain bf16 autocast in both bf16 columns and measures that
+    floor with the same weights' shapes and inputs.
     """
+    from pe_bench.adapters import get as get_encoding
     from pe_bench.harness.grid.methods import parse_method
 
     rows = []
     for method in methods:
         parsed = parse_method(method)
+        has_variants = "low_precision" in get_encoding(parsed.name).Options.model_fields
         for side in sides:
             torch.manual_seed(seed)
             geometry = Geometry(pos_dim=2, grid_shape=(side, side), num_prefix_tokens=1)
@@ -371,7 +375,8 @@ def pape_precision_table(
             query_rows = torch.randperm(side * side + 1)[:queries]
             layers = {}
             for label, options, _ in PRECISION_VARIANTS:
-                encoding = build_encoding(parsed.name, geometry, dim, heads, 1, {**dict(parsed.options), **options})
+                variant = options if has_variants else {}
+                encoding = build_encoding(parsed.name, geometry, dim, heads, 1, {**dict(parsed.options), **variant})
                 layers[label] = Attention(dim, heads, encoding.make_layer(0)).eval()
                 if len(layers) > 1:
                     layers[label].load_state_dict(next(iter(layers.values())).state_dict())

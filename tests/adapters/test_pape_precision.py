@@ -49,7 +49,7 @@ def test_position_projection_stays_float32_under_autocast():
 
 @pytest.fixture(scope="module")
 def precision():
-    return pape_precision_table(sides=(14, 64), dim=128, heads=2, queries=64)
+    return pape_precision_table(sides=(14, 64), methods=("nopos", "pape", "pape-ri"), dim=128, heads=2, queries=64)
 
 
 @pytest.mark.parametrize("method", ["pape", "pape-ri"])
@@ -63,3 +63,16 @@ def test_bf16_softmax_stays_close_to_float64_up_to_64x64_grids(precision, method
         assert row["bf16 split mean"] < 2e-3 and row["bf16 split max"] < 1e-2, row
     # the tolerance can fail: PaPE's old formulation misses it at 64 x 64
     assert precision.loc[("pape", "64x64"), "bf16 round max"] > 0.1
+
+
+def test_bf16_split_error_is_close_to_the_content_logits_own_rounding(precision):
+    """The nopos row is the floor every encoding has in bf16 (its q . k rounded); the split
+    features must add little to it, where rounding them added up to 400x at 64 x 64."""
+    for grid in ("14x14", "64x64"):
+        floor = precision.loc[("nopos", grid), "bf16 split mean"]
+        assert floor == precision.loc[("nopos", grid), "bf16 round mean"]  # nopos has no variants
+        assert 1e-5 < floor < 2e-3
+        for method in ("pape", "pape-ri"):
+            assert precision.loc[(method, grid), "bf16 split mean"] < 2 * floor, (method, grid)
+    rounded = precision.loc[("pape", "64x64"), "bf16 round mean"]
+    assert rounded > 20 * precision.loc[("nopos", "64x64"), "bf16 round mean"]
