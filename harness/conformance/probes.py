@@ -20,7 +20,7 @@ Plug-in encodings can reuse them in their own tests.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -225,12 +225,18 @@ def random_rotation(pos_dim: int, gen: torch.Generator, grid: bool = False) -> T
     return q
 
 
-def with_padding(layout: PositionLayout, x: Tensor, extra: int, gen: torch.Generator) -> tuple[PositionLayout, Tensor]:
+def with_padding(
+    layout: PositionLayout, x: Tensor, extra: int, gen: torch.Generator, at: float | Sequence[float] | None = None
+) -> tuple[PositionLayout, Tensor]:
     """``extra`` padding tokens (valid False, has_pos True) appended to the tokens: positions
-    ~ N(0, 50^2) and contents ~ N(0, 10^2), i.e. far away and large. The layout's
-    ``grid_shape`` is kept (padding comes after the grid)."""
+    ~ N(0, 50^2), or all at the point ``at`` (a grid encoding's padding sits on a cell, or
+    ties with a real token), and contents ~ N(0, 10^2), i.e. far away and large. The
+    layout's ``grid_shape`` is kept (padding comes after the grid)."""
     b, n, p = layout.coords.shape
-    pad_coords = 50.0 * torch.randn(b, extra, p, generator=gen, dtype=layout.coords.dtype)
+    if at is None:
+        pad_coords = 50.0 * torch.randn(b, extra, p, generator=gen, dtype=layout.coords.dtype)
+    else:
+        pad_coords = torch.as_tensor(at, dtype=layout.coords.dtype).expand(b, extra, p)
     garbage = 10.0 * torch.randn(b, extra, x.shape[-1], generator=gen, dtype=x.dtype)
     padded = PositionLayout(
         coords=torch.cat([layout.coords, pad_coords], dim=1),

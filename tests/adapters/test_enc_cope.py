@@ -14,6 +14,7 @@ from pe_bench.adapters.abspos import LearnableAbsolute
 from pe_bench.adapters.cope import ContextualPosition
 from pe_bench.harness.attention import Attention
 from pe_bench.harness.blocks import TransformerEncoder
+from pe_bench.harness.conformance.probes import with_padding
 
 DIM, HEADS = 32, 4
 
@@ -134,14 +135,8 @@ def test_padding_gradients_and_larger_grid() -> None:
     layout = PositionLayout.grid(2, (4, 4), num_prefix_tokens=1)
     x = torch.randn(2, 17, DIM)
     out = model(x, layout)
-    pad = 4
-    padded = PositionLayout(
-        coords=torch.cat([layout.coords, torch.zeros(2, pad, 2)], 1),  # padding at (0, 0): a tie
-        has_pos=torch.cat([layout.has_pos, torch.ones(2, pad, dtype=torch.bool)], 1),
-        valid=torch.cat([torch.ones(2, 17, dtype=torch.bool), torch.zeros(2, pad, dtype=torch.bool)], 1),
-        grid_shape=(4, 4),
-    )
-    out_padded = model(torch.cat([x, torch.randn(2, pad, DIM)], 1), padded)
+    padded, x_padded = with_padding(layout, x, 4, torch.Generator().manual_seed(1), at=0.0)  # at (0, 0): a tie
+    out_padded = model(x_padded, padded)
     torch.testing.assert_close(out_padded[:, :17], out, atol=1e-5, rtol=1e-5)
 
     out.square().sum().backward()

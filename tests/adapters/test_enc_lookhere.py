@@ -13,6 +13,7 @@ from pe_bench.adapters import AttentionInputs, Geometry, PositionLayout, Princip
 from pe_bench.adapters.lookhere import heads_per_group
 from pe_bench.harness.attention import Attention
 from pe_bench.harness.blocks import TransformerEncoder
+from pe_bench.harness.conformance.probes import with_padding
 
 DIM, HEADS = 32, 4
 
@@ -253,14 +254,8 @@ def test_padding_changes_nothing_and_larger_grid_runs() -> None:
     layout = PositionLayout.grid(2, (4, 4), num_prefix_tokens=1)
     x = torch.randn(2, 17, DIM)
     out = model(x, layout)
-    pad = 5
-    padded = PositionLayout(
-        coords=torch.cat([layout.coords, torch.full((2, pad, 2), 7.0)], 1),
-        has_pos=torch.cat([layout.has_pos, torch.ones(2, pad, dtype=torch.bool)], 1),
-        valid=torch.cat([torch.ones(2, 17, dtype=torch.bool), torch.zeros(2, pad, dtype=torch.bool)], 1),
-        grid_shape=(4, 4),
-    )
-    out_padded = model(torch.cat([x, torch.randn(2, pad, DIM)], 1), padded)
+    padded, x_padded = with_padding(layout, x, 5, torch.Generator().manual_seed(1), at=7.0)
+    out_padded = model(x_padded, padded)
     torch.testing.assert_close(out_padded[:, :17], out, atol=1e-5, rtol=1e-5)
     assert torch.isfinite(out_padded).all()
 

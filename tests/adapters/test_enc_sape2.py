@@ -14,6 +14,7 @@ from pe_bench.adapters import AttentionInputs, Geometry, PositionLayout, Princip
 from pe_bench.adapters.abspos import LearnableAbsolute
 from pe_bench.harness.attention import Attention
 from pe_bench.harness.blocks import TransformerEncoder
+from pe_bench.harness.conformance.probes import with_padding
 
 DIM, HEADS = 32, 4
 
@@ -147,14 +148,8 @@ def test_padding_gradients_and_larger_grid(options) -> None:
     layout = PositionLayout.grid(2, (4, 4), num_prefix_tokens=1)
     x = torch.randn(2, 17, DIM)
     out = model(x, layout)
-    pad = 3
-    padded = PositionLayout(
-        coords=torch.cat([layout.coords, torch.tensor([0.0, 1.0]).expand(2, pad, 2)], 1),  # on a real cell
-        has_pos=torch.cat([layout.has_pos, torch.ones(2, pad, dtype=torch.bool)], 1),
-        valid=torch.cat([torch.ones(2, 17, dtype=torch.bool), torch.zeros(2, pad, dtype=torch.bool)], 1),
-        grid_shape=(4, 4),
-    )
-    out_padded = model(torch.cat([x, torch.randn(2, pad, DIM)], 1), padded)
+    padded, x_padded = with_padding(layout, x, 3, torch.Generator().manual_seed(1), at=(0.0, 1.0))  # on a real cell
+    out_padded = model(x_padded, padded)
     torch.testing.assert_close(out_padded[:, :17], out, atol=1e-5, rtol=1e-5)
 
     out.square().sum().backward()
