@@ -120,11 +120,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs", type=_jobs, default=1, metavar="N|auto",
         help="cells at once on this machine, each in its own process (auto: one per CPU core; default 1)",
     )  # fmt: skip
-    run.add_argument("--executor", choices=["local", "ray", "slurm"], default="local",
-                     help="local (this machine; see --jobs), ray (a Ray cluster) or slurm (a job array via submitit)")
+    run.add_argument(
+        "--executor",
+        choices=["local", "ray", "slurm"],
+        default="local",
+        help="local (this machine; see --jobs), ray (a Ray cluster) or slurm (a job array via submitit)",
+    )
     run.add_argument("--address", default=None, help="Ray cluster address (default: start or join a local one)")
-    run.add_argument("--gpu-share", type=float, default=1.0, metavar="F",
-                     help="fraction of a GPU one cell takes (0.25: four cells per GPU)")
+    run.add_argument(
+        "--gpu-share",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="fraction of a GPU one cell takes (0.25: four cells per GPU)",
+    )
     run.add_argument("--slurm-partition", default=None, help="sbatch partition of the job array")
 
     table = sub.add_parser("table", help="render the result matrix from stored runs")
@@ -180,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--image-size", type=int, default=None)
     bench.add_argument("--device", default="cuda" if _cuda() else "cpu")
     bench.add_argument("--sweep", type=_ints, default=None, help="token counts for the attention-layer sweep")
-    bench.add_argument("--sweep-methods", default="nopos,rope,pape,pape[form=explicit]")
+    bench.add_argument(
+        "--sweep-methods", default=None, help="--sweep's encodings (default: by device, see bench.SWEEP_METHODS)"
+    )
     bench.add_argument("--out", type=Path, default=None, help="also write bench.md/bench.csv here")
     bench.add_argument("--task", default=None, help="only the task's own benchmark (e.g. tokenizer throughput)")
     bench.add_argument("--compile", action="store_true", help="torch.compile every model")
@@ -472,7 +483,15 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pe_bench.harness.reports.bench import TABLE4_METHODS, BenchSpec, forward_table, header, sweep_table
+    from pe_bench.harness.reports.bench import (
+        SWEEP_METHODS,
+        TABLE4_METHODS,
+        BenchSpec,
+        forward_table,
+        header,
+        sweep_markdown,
+        sweep_table,
+    )
 
     if args.task:
         from pe_bench.tasks import get_task
@@ -511,11 +530,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         lines += _throughput_block(args, spec)
     sweep = None
     if args.sweep:
-        sweep_methods = [m.strip() for m in _split_methods(args.sweep_methods)]
-        sweep = sweep_table(sweep_methods, args.sweep)
+        device_kind = "cuda" if args.device.startswith("cuda") else "cpu"
+        sweep_methods = [m.strip() for m in _split_methods(args.sweep_methods or SWEEP_METHODS[device_kind])]
+        sweep = sweep_table(sweep_methods, args.sweep, device=args.device)
+        precision = "bf16 autocast, allocator peak" if device_kind == "cuda" else "fp32, 1 thread, peak RSS"
         block = [
-            "## One attention layer (dim 768, 12 heads): peak memory growth (MiB) and time (ms)",
-            sweep.to_markdown(),
+            f"## One attention layer (dim 768, 12 heads; {precision}): peak memory (MiB) / time (ms) per forward",
+            sweep_markdown(sweep),
         ]
         print("\n".join(block))
         lines += block
@@ -524,7 +545,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         (args.out / "bench.md").write_text("\n".join(lines) + "\n")
         forward.to_csv(args.out / "bench.csv")
         if sweep is not None:
-            sweep.to_csv(args.out / "bench_sweep.csv")
+            sweep.to_csv(args.out / "bench_sweep.csv", index=False)
     return 0
 
 

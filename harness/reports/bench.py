@@ -240,43 +240,90 @@ def _vit_memory_child(method: str, model_name: str, batch: int, image_size: int 
     return _peak_rss_mib() - baseline
 
 
-def _in_subprocess(code: str) -> str | None:
+def _child_failure(stderr: str, returncode: int) -> str:
+    """A failed subprocess measurement as a table cell, as ``_failure`` writes an exception's:
+    "OOM" for the allocator's error (CPU or CUDA, or the kernel's OOM killer), else
+    "error: " and the error's last line, e.g. "CUDA error: invalid argument"."""
+    if "OutOfMemoryError" in stderr or "out of memory" in stderr.lower() or returncode == -9:
+        return "OOM"
+    last = (stderr.strip().splitlines() or [f"exit status {returncode}"])[-1]
+    return f"error: {last[:80]}"
+
+
+def _run_child(code: str) -> tuple[str | None, str]:
+    """Runs ``code`` in a fresh Python (so a failure, or the memory it reached, stays there):
+    its last stdout line, or None and the reason it failed."""
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if proc.returncode != 0 or not proc.stdout.strip():
-        # The point stays empty in the table (e.g. out of memory); say why rather than hide it.
-        reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        return None, _child_failure(proc.stderr, proc.returncode)
+    return proc.stdout.strip().splitlines()[-1], ""
+
+
+def _in_subprocess(code: str) -> str | None:
+    result, reason = _run_child(code)
+    if result is None:
+        # The point stays empty in the table; say why rather than hide it.
         print(f"bench: a measurement subprocess failed: {reason}", file=sys.stderr)
-        return None
-    return proc.stdout.strip().splitlines()[-1]
+    return result
 
 
-def _attention_layer(method: str, tokens: int, dim: int, heads: int) -> tuple[Attention, torch.Tensor, PositionLayout]:
+def _attention_layer(
+    method: str, tokens: int, dim: int, heads: int, device: str = "cpu"
+) -> tuple[Attention, torch.Tensor, PositionLayout]:
     from pe_bench.harness.grid.methods import parse_method
 
     side = max(int(math.isqrt(tokens)), 1)
     parsed = parse_method(method)
     geometry = Geometry(pos_dim=2, grid_shape=(side, side), num_prefix_tokens=0)
-    encoding = build_encoding(parsed.name, geometry, dim, heads, 1, dict(parsed.options))
-    layer = Attention(dim, heads, encoding.make_layer(0)).eval()
-    layout = encoding.prepare(PositionLayout.grid(1, (side, side)))
-    x = encoding.embed(torch.randn(1, side * side, dim), layout)
+    encoding = build_encoding(parsed.name, geometry, dim, heads, 1, dict(parsed.options)).to(device)
+    layer = Attention(dim, heads, encoding.make_layer(0)).eval().to(device)
+    layout = encoding.prepare(PositionLayout.grid(1, (side, side), device=device))
+    x = encoding.embed(torch.randn(1, side * side, dim, device=device), layout)
     return layer, x, layout
 
 
-def _peak_memory_child(method: str, tokens: int, dim: int, heads: int) -> dict:
-    """Runs in a subprocess: peak RSS (MiB) above the bare torch process, and the time, of
-    building one attention layer with its inputs and running one forward."""
-    torch.set_num_threads(1)
-    baseline = _peak_rss_mib()
-    with torch.inference_mode():
-        layer, x, layout = _attention_layer(method, tokens, dim, heads)
-        start = time.perf_counter()
+def _peak_memory_child(method: str, tokens: int, dim: int, heads: int, device: str = "cpu") -> dict:
+    """Runs in a subprocess: the time and peak memory of one attention layer's forward.
+
+    CPU (fp32, one thread): peak RSS above the bare torch process of building the layer with
+    its inputs and running one forward, and that forward's time. CUDA (bf16 autocast): after
+    one warm-up forward (FlexAttention compiles its kernel there), the mean time of 5 forwards
+    and the allocator's peak during them above what was allocated before (weights and input
+    excluded)."""
+    if not device.startswith("cuda"):
+        torch.set_num_threads(1)
+        baseline = _peak_rss_mib()
+        with torch.inference_mode():
+            layer, x, layout = _attention_layer(method, tokens, dim, heads)
+            start = time.perf_counter()
+            layer(x, layout)
+            elapsed = time.perf_counter() - start
+        return {"peak_mib": _peak_rss_mib() - baseline, "ms": elapsed * 1000}
+    repeats = 5
+    with torch.inference_mode(), _autocast(device):
+        layer, x, layout = _attention_layer(method, tokens, dim, heads, device)
         layer(x, layout)
-        elapsed = time.perf_counter() - start
-    return {"peak_mib": _peak_rss_mib() - baseline, "ms": elapsed * 1000}
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            layer(x, layout)
+        end.record()
+        torch.cuda.synchronize()
+    return {"peak_mib": (torch.cuda.max_memory_allocated() - before) / 2**20, "ms": start.elapsed_time(end) / repeats}
 
 
 EXPLICIT_BUDGET = 4 * 2**30
+
+#: ``--sweep``'s encodings: on CPU the bias encodings build their dense N x N bias (the
+#: reference path), which past a few thousand tokens only measures the machine's memory; on
+#: CUDA they run on FlexAttention, and the sweep shows their memory staying linear.
+SWEEP_METHODS = {
+    "cpu": "nopos,rope,pape,pape[form=explicit]",
+    "cuda": "nopos,rope,rope-mixed,pape,alibi,lookhere,relpos,sape2,pape[form=explicit]",
+}
 
 
 def _explicit_pape_bytes(method: str, tokens: int, heads: int) -> float:
@@ -290,25 +337,48 @@ def _explicit_pape_bytes(method: str, tokens: int, heads: int) -> float:
     return 4.0 * tokens * tokens * heads * (m + 2)
 
 
-def sweep_table(methods: list[str], token_counts: list[int], dim: int = 768, heads: int = 12) -> pd.DataFrame:
-    """Time and peak memory of one attention layer as the token count grows."""
+def sweep_table(
+    methods: list[str], token_counts: list[int], dim: int = 768, heads: int = 12, device: str = "cpu"
+) -> pd.DataFrame:
+    """Time (ms) and peak memory (MiB) of one attention layer as the token count grows, one
+    row per (tokens, method) with its ``status``: "ok", "skipped: ..." or the failure ("OOM",
+    "error: ..." with a kernel's message), which is a result here, not a crash. Every point runs
+    in a fresh process (see ``_peak_memory_child`` for what is measured per device)."""
     rows = []
     for tokens in token_counts:
         for method in methods:
-            if _explicit_pape_bytes(method, tokens, heads) > EXPLICIT_BUDGET:
-                # The explicit Eq. 9 bias holds a (B, H, N, N, m) tensor: past a few GiB it would
+            row: dict[str, object] = {"tokens": tokens, "method": method, "peak_mib": None, "ms": None}
+            if not device.startswith("cuda") and _explicit_pape_bytes(method, tokens, heads) > EXPLICIT_BUDGET:
+                # The dense Eq. 9 bias holds a (B, H, N, N, m) tensor: past a few GiB it would
                 # only exhaust the machine; the row shows where the efficient form keeps going.
-                rows.append({"tokens": tokens, "method": method, "peak_mib": None, "ms": None})
+                # (CUDA evaluates it with FlexAttention, without the tensor: not skipped there.)
+                rows.append({**row, "status": f"skipped: dense bias > {EXPLICIT_BUDGET / 2**30:.0f} GiB"})
                 continue
             code = (
                 "import json; from pe_bench.harness.reports.bench import _peak_memory_child as f;"
-                f"print(json.dumps(f({method!r}, {tokens}, {dim}, {heads})))"
+                f"print(json.dumps(f({method!r}, {tokens}, {dim}, {heads}, {device!r})))"
             )
-            result = _in_subprocess(code)
-            measured = {"peak_mib": None, "ms": None} if result is None else json.loads(result)
-            rows.append({"tokens": tokens, "method": method, **measured})
-    frame = pd.DataFrame(rows)
-    return frame.pivot(index="tokens", columns="method", values=["peak_mib", "ms"]).round(1)
+            result, reason = _run_child(code)
+            if result is None:
+                rows.append({**row, "status": reason})
+            else:
+                measured = json.loads(result)
+                rows.append({**row, "peak_mib": round(measured["peak_mib"], 1), "ms": round(measured["ms"], 2)})
+                rows[-1]["status"] = "ok"
+    return pd.DataFrame(rows)
+
+
+def sweep_markdown(sweep: pd.DataFrame) -> str:
+    """``sweep_table`` as tokens x method, each cell "MiB / ms" or why there is no measurement."""
+
+    def cell(row: pd.Series) -> str:
+        if row["status"] != "ok":
+            return str(row["status"])
+        return f"{row['peak_mib']:,.0f} MiB / {row['ms']:,.1f} ms"
+
+    cells = sweep.assign(cell=sweep.apply(cell, axis=1))
+    order = list(dict.fromkeys(sweep["method"]))
+    return cells.pivot(index="tokens", columns="method", values="cell")[order].to_markdown()
 
 
 def header() -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from pe_bench.harness.cli import main
-from pe_bench.harness.reports.bench import BenchSpec, forward_table, sweep_table
+from pe_bench.harness.reports import bench
+from pe_bench.harness.reports.bench import BenchSpec, forward_table, sweep_markdown, sweep_table
 
 
 def test_forward_table_is_relative_to_nopos_and_counts_positional_parameters():
@@ -36,8 +37,35 @@ def test_forward_table_is_relative_to_nopos_and_counts_positional_parameters():
 
 
 def test_sweep_measures_each_point_in_a_fresh_process():
-    sweep = sweep_table(["nopos", "pape[form=explicit]"], [64], dim=32, heads=4)
-    assert sweep.loc[64, ("peak_mib", "nopos")] >= 0 and sweep.loc[64, ("ms", "pape[form=explicit]")] > 0
+    sweep = sweep_table(["nopos", "pape[form=explicit]"], [64], dim=32, heads=4).set_index("method")
+    assert (sweep["status"] == "ok").all()
+    assert sweep.loc["nopos", "peak_mib"] >= 0 and sweep.loc["pape[form=explicit]", "ms"] > 0
+    assert "MiB /" in sweep_markdown(sweep.reset_index())
+
+
+def test_sweep_reports_a_failed_or_skipped_point_in_the_table(monkeypatch):
+    """A point that dies (out of memory, a kernel error) is a table entry with its reason, and
+    the other points are still measured."""
+    real = bench._run_child
+
+    def run_child(code: str):
+        if "'alibi'" in code:
+            return real("import torch; torch.empty(1, device='meta').item()")  # a kernel that fails
+        if "'rope'" in code:
+            return real("raise MemoryError('CPU out of memory: tried to allocate 64 GiB')")
+        return real(code)
+
+    monkeypatch.setattr(bench, "_run_child", run_child)
+    monkeypatch.setattr(bench, "EXPLICIT_BUDGET", 1)
+    sweep = sweep_table(["nopos", "alibi", "rope", "pape[form=explicit]"], [16], dim=16, heads=2)
+    status = dict(zip(sweep["method"], sweep["status"], strict=True))
+    assert status["nopos"] == "ok"
+    assert status["rope"] == "OOM"
+    assert status["alibi"].startswith("error: ") and "meta" in status["alibi"]
+    assert status["pape[form=explicit]"].startswith("skipped: dense bias")
+    assert sweep.set_index("method").loc["alibi", ["peak_mib", "ms"]].isna().all()
+    markdown = sweep_markdown(sweep)
+    assert "OOM" in markdown and "skipped" in markdown
 
 
 def test_bench_command_prints_the_table(capsys):
