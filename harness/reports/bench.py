@@ -363,8 +363,8 @@ def sweep_table(
                 rows.append({**row, "status": reason})
             else:
                 measured = json.loads(result)
-                rows.append({**row, "peak_mib": round(measured["peak_mib"], 1), "ms": round(measured["ms"], 2)})
-                rows[-1]["status"] = "ok"
+                peak, ms = round(measured["peak_mib"], 1), round(measured["ms"], 2)
+                rows.append({**row, "peak_mib": peak, "ms": ms, "status": "ok"})
     return pd.DataFrame(rows)
 
 
