@@ -23,6 +23,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,19 +198,24 @@ def flops_per_image(model: torch.nn.Module, size: int, device: str) -> int:
     return counter.get_total_flops()
 
 
+def _cuda_peak_mib(call: Callable[[], object]) -> float:
+    """The CUDA allocator's peak during ``call()`` above what was allocated before it (MiB)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    call()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
 def vit_peak_memory(method: str, spec: BenchSpec) -> float | None:
     """Peak memory (MiB) of one inference forward of the whole ViT: CUDA allocator peak, or on
     CPU the peak RSS of a fresh subprocess above bare torch (weights and input included)."""
     if spec.device.startswith("cuda"):
         model, size = _build_vit(method, spec)
         images = torch.randn(spec.batches[0], 3, size, size, device=spec.device)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        start = torch.cuda.memory_allocated()
         with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
-            model(images)
-        torch.cuda.synchronize()
-        return round((torch.cuda.max_memory_allocated() - start) / 2**20, 1)
+            return round(_cuda_peak_mib(lambda: model(images)), 1)
     args = f"{method!r}, {spec.model!r}, {spec.batches[0]}, {spec.image_size!r}"
     result = _in_subprocess(f"from pe_bench.harness.reports.bench import _vit_memory_child as f; print(f({args}))")
     return None if result is None else round(float(result), 1)
@@ -300,19 +306,19 @@ def _peak_memory_child(method: str, tokens: int, dim: int, heads: int, device: s
             elapsed = time.perf_counter() - start
         return {"peak_mib": _peak_rss_mib() - baseline, "ms": elapsed * 1000}
     repeats = 5
-    with torch.inference_mode(), _autocast(device):
-        layer, x, layout = _attention_layer(method, tokens, dim, heads, device)
-        layer(x, layout)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def timed_forwards() -> None:
         start.record()
         for _ in range(repeats):
             layer(x, layout)
         end.record()
-        torch.cuda.synchronize()
-    return {"peak_mib": (torch.cuda.max_memory_allocated() - before) / 2**20, "ms": start.elapsed_time(end) / repeats}
+
+    with torch.inference_mode(), _autocast(device):
+        layer, x, layout = _attention_layer(method, tokens, dim, heads, device)
+        layer(x, layout)
+        peak = _cuda_peak_mib(timed_forwards)
+    return {"peak_mib": peak, "ms": start.elapsed_time(end) / repeats}
 
 
 EXPLICIT_BUDGET = 4 * 2**30
