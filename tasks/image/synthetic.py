@@ -15,6 +15,7 @@ import math
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.data import Dataset, Sampler
 
 
 def _templates(patch: int, channels: int, rng: np.random.Generator) -> np.ndarray:
@@ -35,7 +36,7 @@ def relation_images(
     channels: int = 3,
     distractors: int = 2,
     noise: float = 0.15,
-    seed: int = 0,
+    seed: int | list[int] = 0,
 ) -> tuple[Tensor, Tensor]:
     """(count, C, H*patch, W*patch) float images and (count,) int64 labels, deterministic."""
     rng = np.random.default_rng(seed)
@@ -60,3 +61,47 @@ def relation_images(
             y, x = divmod(int(cell), cols)
             images[i, :, y * patch : (y + 1) * patch, x * patch : (x + 1) * patch] += templates[kind]
     return torch.from_numpy(images), torch.from_numpy(labels)
+
+
+class FreshRelationImages(Dataset):
+    """Relation images generated on demand, image ``i`` from its own seed: an unbounded training
+    set, so that with :class:`EpochBlocks` no image is seen twice. A fixed training set lets a
+    late seed fit its images by their placements instead of the relation (README, Stable
+    seeds: SaPE² on imagenet); here it cannot. ``len`` is one epoch's worth; any index >= 0 is
+    an image."""
+
+    #: seed namespace of the fresh images (the fixed splits use the integer seeds 1000-1002).
+    SEED = 7000
+
+    def __init__(self, per_epoch: int, num_classes: int, grid: tuple[int, int], patch: int, channels: int,
+                 distractors: int, noise: float) -> None:  # fmt: skip
+        self.per_epoch = per_epoch
+        self.args = (num_classes, grid, patch, channels, distractors, noise)
+
+    def __len__(self) -> int:
+        return self.per_epoch
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        images, labels = relation_images(1, *self.args, seed=[self.SEED, int(i)])
+        return images[0], labels[0]
+
+
+class EpochBlocks(Sampler[int]):
+    """Epoch e reads indices e*n ... (e+1)*n - 1 of a :class:`FreshRelationImages`, shuffled by the
+    cell's seed: every epoch new images, the same ones for every method and seed. Lightning calls
+    ``set_epoch`` on a loader's sampler before each training epoch."""
+
+    def __init__(self, per_epoch: int, seed: int) -> None:
+        self.per_epoch, self.seed, self.epoch = per_epoch, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.per_epoch
+
+    def __iter__(self):
+        # One generator per (seed, epoch): an epoch's order does not depend on the ones before.
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        order = torch.randperm(self.per_epoch, generator=generator)
+        return iter((self.epoch * self.per_epoch + order).tolist())

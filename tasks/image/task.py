@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from pydantic import Field
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import ConfigError, RunConfig, Strict
@@ -26,7 +26,7 @@ from .._shared.data_checks import CorruptSampleLog, DataReport, first_readable, 
 from ..base import PatchTask
 from . import readers
 from .resolution import ComposeBatch, RandomBatchResolution, ResizeTTA, check_sides
-from .synthetic import relation_images
+from .synthetic import EpochBlocks, FreshRelationImages, relation_images
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -49,6 +49,10 @@ class ImageDataConfig(Strict):
     test_size: int = Field(0, ge=0)
     distractors: int = Field(2, ge=0)
     noise: float = Field(0.15, ge=0.0)
+    # New training images every epoch (train_size of them; no image is seen twice) instead of
+    # one fixed training set: the stand-in then gives no reward for fitting images by their
+    # placements (README, Stable seeds). Validation and test sets stay fixed.
+    fresh_train_images: bool = False
     # augmentation (paper profiles)
     randaugment: bool = False
     hflip: bool = False
@@ -156,6 +160,11 @@ class ImageDataModule(PatchDataModule):
             train, val, test = _synthetic_splits(
                 data.num_classes, data.image_size, self.patch, data.channels, sizes, data.distractors, data.noise
             )
+            if data.fresh_train_images:
+                grid = (data.image_size // self.patch,) * 2
+                train = FreshRelationImages(
+                    data.train_size, data.num_classes, grid, self.patch, data.channels, data.distractors, data.noise
+                )
         elif data.source == "imagefolder":
             full, full_log = imagefolder(self.data_root, data, "train")
             held_out, held_out_log = imagefolder(self.data_root, data, "val")
@@ -173,6 +182,19 @@ class ImageDataModule(PatchDataModule):
             val = _Transformed(full, val_idx, _transforms(data, False, mean, std))
             test = _Transformed(held_out, None, _transforms(data, False, mean, std))
         self.splits = {"train": train, "val": val, "test": test}
+
+    def train_dataloader(self) -> DataLoader:
+        train = self.splits["train"]
+        if not isinstance(train, FreshRelationImages):
+            return super().train_dataloader()
+        return DataLoader(
+            train,
+            batch_size=self.batch_size,
+            sampler=EpochBlocks(len(train), self.seed),
+            drop_last=len(train) > self.batch_size,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def extra_results(self) -> dict[str, float]:
         """``corrupt_samples``: images skipped under ``data.max_corrupt_fraction`` > 0 (for the record)."""
@@ -219,6 +241,11 @@ class ImageClassification(PatchTask):
             raise ConfigError(
                 f"{where}: data.image_size={size} is not divisible by model.patch_size={patch}; "
                 f"use e.g. {' or '.join(map(str, fits))}"
+            )
+        if self.data.fresh_train_images and self.data.source != "synthetic":
+            raise ConfigError(
+                f"{where}: data.fresh_train_images generates new relation images every epoch and needs "
+                f"data.source=synthetic, not {self.data.source!r}; drop the option for a real dataset"
             )
         check_sides(self.data.train_sides, patch, f"{where}: data.train_sides")
         if self.data.tta_delta:
