@@ -187,6 +187,13 @@ class ImageDataModule(PatchDataModule):
         train = self.splits["train"]
         if not isinstance(train, FreshRelationImages):
             return super().train_dataloader()
+        if self.trainer is not None and self.trainer.world_size > 1:
+            # Lightning would wrap EpochBlocks in a DistributedSamplerWrapper, which does not pass
+            # set_epoch on: every epoch would re-read block 0, a fixed set under another name.
+            raise ConfigError(
+                "data.fresh_train_images runs in one process only (a tiny-profile option); "
+                "drop it, or run the cell without DDP"
+            )
         return DataLoader(
             train,
             batch_size=self.batch_size,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -67,3 +68,15 @@ def test_a_cell_trains_on_new_images_every_epoch(tmp_path, monkeypatch):
     assert sorted(seen) == list(range(128))
     record = json.loads((store.cell_dir(tmp_path, "imagenet", "sincos", 0) / "result.json").read_text())
     assert record["status"] == "ok"
+
+
+def test_fresh_images_refuse_ddp_where_the_epoch_would_not_reach_the_sampler():
+    config = load_run_config(
+        "imagenet", "tiny", parse_overrides(["data.fresh_train_images=true", "data.train_size=32"])
+    )
+    datamodule = get_task("imagenet")(config).datamodule(seed=0)
+    datamodule.setup("fit")
+    assert isinstance(datamodule.train_dataloader().sampler, EpochBlocks)
+    datamodule.trainer = SimpleNamespace(world_size=2)
+    with pytest.raises(ConfigError, match="one process"):
+        datamodule.train_dataloader()
