@@ -15,7 +15,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 
 def cache_root() -> Path:
@@ -67,14 +67,17 @@ class SplitDataModule(L.LightningDataModule):
         self.seed = seed
         self.splits: dict[str, Dataset] = {}
 
-    def loader(self, dataset: Dataset, shuffle: bool = False) -> DataLoader:
+    def loader(self, dataset: Dataset, shuffle: bool = False, order: Sampler | None = None) -> DataLoader:
+        """A split's loader: evaluation reads it whole and in order; training (``shuffle``) in the
+        cell's seeded random order, or in ``order``, a training sampler of the task's own."""
+        training = shuffle or order is not None
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=shuffle,
-            sampler=None if shuffle else WholeSplit(dataset),
+            shuffle=shuffle and order is None,
+            sampler=order if order is not None else (None if shuffle else WholeSplit(dataset)),
             # A last partial batch is dropped in training only, and only if it is not the sole one.
-            drop_last=shuffle and len(dataset) > self.batch_size,
+            drop_last=training and len(dataset) > self.batch_size,
             num_workers=self.num_workers,
             collate_fn=self.collate_fn,
             generator=torch.Generator().manual_seed(self.seed),

@@ -194,14 +194,7 @@ class ImageDataModule(PatchDataModule):
                 "data.fresh_train_images runs in one process only (a tiny-profile option); "
                 "drop it, or run the cell without DDP"
             )
-        return DataLoader(
-            train,
-            batch_size=self.batch_size,
-            sampler=EpochBlocks(len(train), self.seed),
-            drop_last=len(train) > self.batch_size,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        return self.loader(train, order=EpochBlocks(len(train), self.seed))
 
     def extra_results(self) -> dict[str, float]:
         """``corrupt_samples``: images skipped under ``data.max_corrupt_fraction`` > 0 (for the record)."""
