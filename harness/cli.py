@@ -16,6 +16,7 @@ pe-bench check-data --tasks T --data-root DIR [--profile paper] [--workers N]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -200,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--throughput-batch", type=_ints, default=[1, 128], help="batches of the img/s table")
     bench.add_argument("--pape-precision", action="store_true", help="only PaPE's bf16 softmax error vs float64")
+    bench.add_argument(
+        "--forward", action=argparse.BooleanOptionalAction, default=True, help="the Table-4 forward table (default on)"
+    )
     bench.add_argument("--grid", action="store_true", help="only the wall time of a tiny grid: 1 vs N jobs vs Ray")
     bench.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="--grid: N of --jobs N (default: cores)")
     bench.add_argument("--grid-tasks", default="imagenet,ucf101", help="--grid: the grid's tasks")
@@ -508,7 +512,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         title = "## PaPE softmax total variation against float64 (bf16 autocast, CPU)"
         print(title, precision.to_markdown(floatfmt=".2g"), sep="\n")
         return 0
-    methods = TABLE4_METHODS if args.methods is None else tuple(m.strip() for m in _split_methods(args.methods))
+    methods = TABLE4_METHODS if args.methods is None else _bench_methods(args.methods)
     batches = tuple(args.batch)
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
@@ -518,13 +522,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     spec.compile = args.compile
     threads = args.threads or _torch_threads()
     lines = [f"# pe-bench bench: {args.model}, {args.repeats} repeats, torch threads: {threads}", header(), ""]
-    forward = forward_table(spec)
-    lines += [
-        "## Median ms with its IQR (inference per image; one training step), each relative to nopos in the"
-        f" same run; GFLOPs per image; peak inference memory at batch {batches[0]}",
-        forward.to_markdown(),
-        "",
-    ]
+    forward = None
+    if args.forward:
+        forward = forward_table(BenchSpec(**{**spec.__dict__, "methods": tuple(m for m in methods if m != "timm")}))
+        lines += [
+            "## Median ms with its IQR (inference per image; one training step), each relative to nopos in the"
+            f" same run; GFLOPs per image; peak inference memory at batch {batches[0]}",
+            forward.to_markdown(),
+            "",
+        ]
     print("\n".join(lines), flush=True)
     if args.throughput if args.throughput is not None else args.device.startswith("cuda"):
         lines += _throughput_block(args, spec)
@@ -532,7 +538,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.sweep:
         device_kind = "cuda" if args.device.startswith("cuda") else "cpu"
         sweep_methods = [m.strip() for m in _split_methods(args.sweep_methods or SWEEP_METHODS[device_kind])]
-        sweep = sweep_table(sweep_methods, args.sweep, device=args.device)
+
+        def say(row: dict) -> None:  # each point as it ends: a run cut off keeps what it finished
+            print("sweep:", json.dumps(row), flush=True)
+
+        sweep = sweep_table(sweep_methods, args.sweep, device=args.device, on_row=say)
         precision = "bf16 autocast, allocator peak" if device_kind == "cuda" else "fp32, 1 thread, peak RSS"
         block = [
             f"## One attention layer (dim 768, 12 heads; {precision}): peak memory (MiB) / time (ms) per forward",
@@ -543,7 +553,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench.md").write_text("\n".join(lines) + "\n")
-        forward.to_csv(args.out / "bench.csv")
+        if forward is not None:
+            forward.to_csv(args.out / "bench.csv")
         if sweep is not None:
             sweep.to_csv(args.out / "bench_sweep.csv", index=False)
     return 0
@@ -570,11 +581,24 @@ def _grid_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _throughput_block(args: argparse.Namespace, spec) -> list[str]:
-    from pe_bench.harness.reports.bench import THROUGHPUT_METHODS, throughput_table
+def _bench_methods(text: str) -> tuple[str, ...]:
+    """--methods of bench: encodings, plus ``timm`` (the throughput table's reference model)."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    others = [m for m in names if m != "timm"]
+    encodings = _split_methods(",".join(others)) if others else []
+    return tuple(encodings) + (("timm",) if "timm" in names else ())
 
-    methods = THROUGHPUT_METHODS if args.methods is None else spec.methods
-    table = throughput_table(replace(spec, methods=methods, batches=tuple(args.throughput_batch)))
+
+def _throughput_block(args: argparse.Namespace, spec) -> list[str]:
+    from pe_bench.harness.reports.bench import THROUGHPUT_METHODS, TIMM_MODELS, TIMM_ROW, throughput_table
+
+    default = THROUGHPUT_METHODS + ((TIMM_ROW,) if args.model in TIMM_MODELS else ())
+    methods = default if args.methods is None else spec.methods
+
+    def say(row: dict) -> None:  # each row as it is measured: a run cut off keeps what it finished
+        print("row:", json.dumps(row), flush=True)
+
+    table = throughput_table(replace(spec, methods=methods, batches=tuple(args.throughput_batch)), on_row=say)
     title = "## img/s; nopos / this (_vs_nopos) and that over the FLOP-model bound (_vs_bound)"
     block = [title, table.to_markdown(), ""]
     print("\n".join(block), flush=True)

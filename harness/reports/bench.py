@@ -71,9 +71,30 @@ def _positional_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for _, p in positional_parameters(model))
 
 
+#: the timm model each bench model matches (same width, depth, heads, patch, classes): the
+#: throughput table's reference row ``timm``, which issue 16 asks nopos to keep up with.
+TIMM_MODELS = {"vit-b": "vit_base_patch16_224", "vit-s": "vit_small_patch16_224"}
+TIMM_ROW = "timm"
+
+
+def _build_timm(spec: BenchSpec) -> tuple[torch.nn.Module, int]:
+    """timm's ViT of the same shape, built without weights (nothing is downloaded)."""
+    if spec.model not in TIMM_MODELS:
+        raise ValueError(f"no timm reference for --model {spec.model}; it has one for {', '.join(TIMM_MODELS)}")
+    try:
+        import timm
+    except ImportError as error:
+        raise ImportError("the timm reference row needs timm: pip install timm") from error
+    size = spec.image_size or MODELS[spec.model][1]
+    model = timm.create_model(TIMM_MODELS[spec.model], pretrained=False, num_classes=1000, img_size=size)
+    return model.eval().to(spec.device), size
+
+
 def _build_vit(method: str, spec: BenchSpec) -> tuple[torch.nn.Module, int]:
     from pe_bench.harness.grid.methods import parse_method
 
+    if method == TIMM_ROW:
+        return _build_timm(spec)
     config, default_size = MODELS[spec.model]
     size = spec.image_size or default_size
     parsed = parse_method(method)
@@ -344,13 +365,20 @@ def _explicit_pape_bytes(method: str, tokens: int, heads: int) -> float:
 
 
 def sweep_table(
-    methods: list[str], token_counts: list[int], dim: int = 768, heads: int = 12, device: str = "cpu"
+    methods: list[str],
+    token_counts: list[int],
+    dim: int = 768,
+    heads: int = 12,
+    device: str = "cpu",
+    on_row: Callable[[dict], None] | None = None,
 ) -> pd.DataFrame:
     """Time (ms) and peak memory (MiB) of one attention layer as the token count grows, one
     row per (tokens, method) with its ``status``: "ok", "skipped: ..." or the failure ("OOM",
     "error: ..." with a kernel's message), which is a result here, not a crash. Every point runs
-    in a fresh process (see ``_peak_memory_child`` for what is measured per device)."""
-    rows = []
+    in a fresh process (see ``_peak_memory_child`` for what is measured per device);
+    ``on_row`` sees each row as soon as it is measured."""
+    rows: list[dict] = []
+    report = on_row or (lambda row: None)
     for tokens in token_counts:
         for method in methods:
             row: dict[str, object] = {"tokens": tokens, "method": method, "peak_mib": None, "ms": None}
@@ -359,6 +387,7 @@ def sweep_table(
                 # only exhaust the machine; the row shows where the efficient form keeps going.
                 # (CUDA evaluates it with FlexAttention, without the tensor: not skipped there.)
                 rows.append({**row, "status": f"skipped: dense bias > {EXPLICIT_BUDGET / 2**30:.0f} GiB"})
+                report(rows[-1])
                 continue
             code = (
                 "import json; from pe_bench.harness.reports.bench import _peak_memory_child as f;"
@@ -371,6 +400,7 @@ def sweep_table(
                 measured = json.loads(result)
                 peak, ms = round(measured["peak_mib"], 1), round(measured["ms"], 2)
                 rows.append({**row, "peak_mib": peak, "ms": ms, "status": "ok"})
+            report(rows[-1])
     return pd.DataFrame(rows)
 
 
@@ -618,7 +648,9 @@ def _measure_method(method: str, spec: BenchSpec) -> dict[str, object]:
     row: dict[str, object] = {"method": method}
     try:
         model, size = _build_vit(method, BenchSpec(**{**spec.__dict__, "compile": False}))
-        row["kernel"] = attention_kernels(model, torch.randn(1, 3, size, size, device=spec.device), spec.device)
+        images = torch.randn(1, 3, size, size, device=spec.device)
+        # timm's attention is not ours to spy on: its row names the model instead
+        row["kernel"] = TIMM_MODELS[spec.model] if method == TIMM_ROW else attention_kernels(model, images, spec.device)
         if spec.compile:
             model.compile()
     except Exception as error:  # a method that cannot even be built is one row of the table
@@ -644,14 +676,17 @@ def _measure_method(method: str, spec: BenchSpec) -> dict[str, object]:
     return row
 
 
-def throughput_table(spec: BenchSpec) -> pd.DataFrame:
+def throughput_table(spec: BenchSpec, on_row: Callable[[dict], None] | None = None) -> pd.DataFrame:
     """Per encoding: training and inference img/s at each batch of ``spec`` (bf16 autocast on
     CUDA), nopos's img/s over the encoding's (``_vs_nopos``, the issue's "nopos / this"),
     that ratio over the FLOP model's bound (``_vs_bound``, 1.0 = as fast as its arithmetic
     allows), peak training memory at the largest batch, and the attention kernels used.
     A measurement that fails (out of memory, kernel error) shows as text in its cell.
 
-    Methods are built and measured one at a time, so a ViT-B table needs one model's memory.
+    Methods are built and measured one at a time, so a ViT-B table needs one model's memory;
+    ``on_row`` sees each row as soon as it is measured (a long GPU run killed at its time
+    limit still leaves the rows it finished). The method ``timm`` is timm's ViT of the same
+    shape (``TIMM_MODELS``), the reference that nopos should match or beat.
     """
     methods = list(dict.fromkeys(("nopos", *spec.methods)))
     config, default_size = MODELS[spec.model]
@@ -659,12 +694,17 @@ def throughput_table(spec: BenchSpec) -> pd.DataFrame:
     rows = []
     for method in methods:
         rows.append(_measure_method(method, spec))
+        if on_row is not None:
+            on_row(rows[-1])
         if spec.device.startswith("cuda"):
             torch.cuda.empty_cache()
     table = pd.DataFrame(rows).set_index("method")
     built = [not str(kernel).startswith(("error:", "OOM")) for kernel in table["kernel"]]
     bf16 = spec.device.startswith("cuda")
-    bounds = [flop_bound(m, config, size, bf16) if ok else None for m, ok in zip(table.index, built, strict=True)]
+    bounds = [
+        flop_bound(m, config, size, bf16) if ok and m != TIMM_ROW else None
+        for m, ok in zip(table.index, built, strict=True)
+    ]
     table["flop_bound"] = [None if b is None else round(b, 3) for b in bounds]
     for batch in spec.batches:
         for mode in ("train", "infer"):

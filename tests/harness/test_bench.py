@@ -57,7 +57,11 @@ def test_sweep_reports_a_failed_or_skipped_point_in_the_table(monkeypatch):
 
     monkeypatch.setattr(bench, "_run_child", run_child)
     monkeypatch.setattr(bench, "EXPLICIT_BUDGET", 1)
-    sweep = sweep_table(["nopos", "alibi", "rope", "pape[form=explicit]"], [16], dim=16, heads=2)
+    streamed = []
+    methods = ["nopos", "alibi", "rope", "pape[form=explicit]"]
+    sweep = sweep_table(methods, [16], dim=16, heads=2, on_row=streamed.append)
+    # each point is reported as it ends, failures too
+    assert [(r["method"], r["status"]) for r in streamed] == list(zip(sweep["method"], sweep["status"], strict=True))
     status = dict(zip(sweep["method"], sweep["status"], strict=True))
     assert status["nopos"] == "ok"
     assert status["rope"] == "OOM"

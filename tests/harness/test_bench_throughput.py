@@ -106,3 +106,44 @@ def test_pape_precision_command_prints_its_table(capsys, monkeypatch):
     assert main(["bench", "--pape-precision"]) == 0
     out = capsys.readouterr().out
     assert "bf16 split max" in out and "6x6" in out
+
+
+class _FakeTimm:
+    """Stands in for timm (not a dependency): records what the reference row asks it for."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, dict]] = []
+
+    def create_model(self, name: str, **kwargs) -> torch.nn.Module:
+        self.asked.append((name, kwargs))
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(kwargs["num_classes"]))
+
+
+def test_timm_reference_row_is_timms_model_of_the_same_shape_without_weights(monkeypatch):
+    fake = _FakeTimm()
+    monkeypatch.setitem(__import__("sys").modules, "timm", fake)
+    monkeypatch.setitem(bench.MODELS, "vit-s", (bench.MODELS["vit-s"][0], 16))  # a small image keeps it quick
+    seen = []
+    table = throughput_table(_spec(model="vit-s", methods=("timm",), batches=(2,)), on_row=seen.append)
+    assert fake.asked == [("vit_small_patch16_224", {"pretrained": False, "num_classes": 1000, "img_size": 16})]
+    assert list(table.index) == ["nopos", "timm"] and [row["method"] for row in seen] == ["nopos", "timm"]
+    assert table.loc["timm", "kernel"] == "vit_small_patch16_224"
+    assert pd.isna(table.loc["timm", "flop_bound"])  # the FLOP model covers encodings, not timm
+    assert isinstance(table.loc["timm", "train_img_s_b2_vs_nopos"], float)
+
+
+def test_timm_row_without_timm_or_a_matching_model_is_a_row_not_a_crash(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "timm", None)  # import timm raises ImportError
+    table = throughput_table(_spec(methods=("timm",)))
+    assert table.loc["timm", "kernel"].startswith("error: no timm reference for --model tiny")
+    table = throughput_table(_spec(model="vit-s", methods=("timm",), batches=(1,), image_size=16))
+    assert "pip install timm" in table.loc["timm", "kernel"]
+
+
+def test_bench_streams_throughput_rows_and_can_leave_the_forward_table_out(capsys):
+    args = ["bench", "--model", "tiny", "--methods", "nopos,rope", "--repeats", "1", "--no-forward"]
+    assert main([*args, "--throughput", "--throughput-batch", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "## Median ms" not in out
+    rows = [line for line in out.splitlines() if line.startswith("row: ")]
+    assert [__import__("json").loads(line[5:])["method"] for line in rows] == ["nopos", "rope"]
