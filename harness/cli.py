@@ -582,11 +582,14 @@ def _grid_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_methods(text: str) -> tuple[str, ...]:
-    """--methods of bench: encodings, plus ``timm`` (the throughput table's reference model)."""
-    names = [m.strip() for m in text.split(",") if m.strip()]
-    others = [m for m in names if m != "timm"]
-    encodings = _split_methods(",".join(others)) if others else []
-    return tuple(encodings) + (("timm",) if "timm" in names else ())
+    """--methods of bench, in the order given: encodings, and ``timm`` (the throughput table's
+    reference model, which is no encoding)."""
+    from pe_bench.harness.grid.methods import split_top_level
+
+    methods: list[str] = []
+    for part in (p.strip() for p in split_top_level(text) if p.strip()):
+        methods += ["timm"] if part == "timm" else _split_methods(part)
+    return tuple(dict.fromkeys(methods))
 
 
 def _throughput_block(args: argparse.Namespace, spec) -> list[str]:

@@ -147,3 +147,9 @@ def test_bench_streams_throughput_rows_and_can_leave_the_forward_table_out(capsy
     assert "## Median ms" not in out
     rows = [line for line in out.splitlines() if line.startswith("row: ")]
     assert [__import__("json").loads(line[5:])["method"] for line in rows] == ["nopos", "rope"]
+
+
+def test_bench_methods_keep_their_order_with_timm_among_them():
+    from pe_bench.harness.cli import _bench_methods
+
+    assert _bench_methods("timm, pape[m=8,form=explicit],rope,timm") == ("timm", "pape[m=8,form=explicit]", "rope")
