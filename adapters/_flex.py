@@ -17,11 +17,20 @@ from torch import Tensor
 
 from .base import MaskMod, ScoreMod
 
+#: compiled variants of flex_attention one process may hold: Dynamo compiles one per score_mod
+#: (every encoding has its own), grad mode (training, evaluation) and shape. Its default of 8
+#: was measured too few on an H200 (issue 16): a benchmark of six bias encodings hit it at the
+#: fifth, and Dynamo then ran flex_attention eagerly (unfused, N x N scores) without an error.
+FLEX_RECOMPILE_LIMIT = 128
+
 
 @functools.cache
 def _compiled_flex_attention():
     from torch.nn.attention.flex_attention import flex_attention
 
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, FLEX_RECOMPILE_LIMIT)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * FLEX_RECOMPILE_LIMIT)
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -42,6 +51,26 @@ def make_block_mask(mask_mod: MaskMod, batch: int | None, n_q: int, n_k: int, de
     return create_block_mask(mask_mod, batch, None, n_q, n_k, device=device)
 
 
+#: the narrowest head the compiled CUDA kernels take, for q/k and for v ("NYI: embedding
+#: dimension of the query, key, and value must be at least 16", torch 2.11 on an H200).
+CUDA_MIN_HEAD_DIM = 16
+
+
+def kernel_min_head_dim(device: torch.device) -> int:
+    return CUDA_MIN_HEAD_DIM if device.type == "cuda" else 1
+
+
+def pad_heads(q: Tensor, k: Tensor, v: Tensor, minimum: int) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k and v with their last dimension zero-padded to at least ``minimum``: q . k is
+    unchanged (the extra products are 0), and v's extra columns give output columns of 0 that
+    the caller drops; the softmax, its log-sum-exp and every gradient are those of the inputs."""
+
+    def pad(x: Tensor) -> Tensor:
+        return torch.nn.functional.pad(x, (0, minimum - x.shape[-1])) if x.shape[-1] < minimum else x
+
+    return pad(q), pad(k), pad(v)
+
+
 def run_flex(
     q: Tensor,
     k: Tensor,
@@ -55,6 +84,11 @@ def run_flex(
     natural-log log-sum-exp of every query row, (B, H, Nq)."""
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
+    value_width = v.shape[-1]
+    minimum = kernel_min_head_dim(q.device)
+    if min(q.shape[-1], v.shape[-1]) < minimum:  # narrow heads (tiny models, tests)
+        scale = q.shape[-1] ** -0.5 if scale is None else scale  # of the true width, not the padded
+        q, k, v = pad_heads(q, k, v, minimum)
     kwargs = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale}
     if return_lse:
         kwargs["return_aux"] = AuxRequest(lse=True)
@@ -69,5 +103,5 @@ def run_flex(
             result = flex_attention(q, k, v, **kwargs)
     if return_lse:
         out, aux = result
-        return out, aux.lse
-    return result
+        return out[..., :value_width], aux.lse
+    return result[..., :value_width]

@@ -692,10 +692,13 @@ def throughput_table(spec: BenchSpec, on_row: Callable[[dict], None] | None = No
     config, default_size = MODELS[spec.model]
     size = spec.image_size or default_size
     rows = []
-    for method in methods:
-        rows.append(_measure_method(method, spec))
-        if on_row is not None:
-            on_row(rows[-1])
+    # past Dynamo's recompile limit a compiled Flex kernel would silently run eagerly (unfused):
+    # a slow number that looks like the kernel's; make it the row's error instead
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        for method in methods:
+            rows.append(_measure_method(method, spec))
+            if on_row is not None:
+                on_row(rows[-1])
         if spec.device.startswith("cuda"):
             torch.cuda.empty_cache()
     table = pd.DataFrame(rows).set_index("method")
