@@ -52,12 +52,24 @@ def rotate_pairs(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate consecutive pairs (t[2i], t[2i+1]) of the first 2*F channels by the angles.
 
     t: (B, H, N, E); cos/sin: (B, 1, N, F) with 2F <= E. Remaining channels pass unchanged.
+
+    Written as t * cos' + swap(t) * sin', with cos' = (c, c) and sin' = (-s, s) per pair and
+    swap exchanging the two channels of each pair: four passes over the (B, H, N, E) tensor
+    (the swap's copy, two products, a sum) where the pairwise form took five (four
+    half-width products, a difference and a sum, then the stack and the concatenation, each
+    a copy). The products are rounded before the sum exactly as in the pairwise form (a
+    fused multiply-add would round once, changing results by an ulp and with them every
+    stored rope record), so both forms give the same bits in every dtype (tested). Eager GPU
+    runs pay per pass over q and k (RoPE: 1.48x nopos's training step on an H200 with the
+    pairwise form, issue 16; this form is not yet measured on a GPU).
     """
     rotated = 2 * cos.shape[-1]
-    pairs = t[..., :rotated].unflatten(-1, (-1, 2))
-    even, odd = pairs[..., 0], pairs[..., 1]
-    out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
-    return torch.cat([out.flatten(-2), t[..., rotated:]], dim=-1)
+    head = t if rotated == t.shape[-1] else t[..., :rotated]
+    cos_pairs = cos.repeat_interleave(2, dim=-1)  # (.., N, 2F): small, the tables' size
+    sin_pairs = torch.stack([-sin, sin], dim=-1).flatten(-2)
+    swapped = head.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    out = head * cos_pairs + swapped * sin_pairs
+    return out if rotated == t.shape[-1] else torch.cat([out, t[..., rotated:]], dim=-1)
 
 
 def rotation_angles(layout: PositionLayout, frequencies: Tensor) -> Tensor:
