@@ -85,6 +85,11 @@ def run_flex(
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
     value_width = v.shape[-1]
+    if q.device.type == "cuda":
+        # Expanded inputs (a stride of 0, e.g. SaPE²'s step values shared by all heads) are
+        # materialised for the compiled kernels. Suspected, not confirmed, cause of SaPE²'s
+        # "SmallVector unable to grow" compile error on an H200 (its values were expanded).
+        q, k, v = (t.contiguous() if 0 in t.stride() else t for t in (q, k, v))
     minimum = kernel_min_head_dim(q.device)
     if min(q.shape[-1], v.shape[-1]) < minimum:  # narrow heads (tiny models, tests)
         scale = q.shape[-1] ** -0.5 if scale is None else scale  # of the true width, not the padded

@@ -202,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--throughput-batch", type=_ints, default=[1, 128], help="batches of the img/s table")
     bench.add_argument("--pape-precision", action="store_true", help="only PaPE's bf16 softmax error vs float64")
     bench.add_argument(
+        "--profile-step", default=None, metavar="METHODS", help="only: each method's training step in torch.profiler"
+    )
+    bench.add_argument(
         "--forward", action=argparse.BooleanOptionalAction, default=True, help="the Table-4 forward table (default on)"
     )
     bench.add_argument("--grid", action="store_true", help="only the wall time of a tiny grid: 1 vs N jobs vs Ray")
@@ -505,6 +508,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     if args.grid:
         return _grid_bench(args)
+    if args.profile_step:
+        return _profile_steps(args)
     if args.pape_precision:
         from pe_bench.harness.reports.bench import pape_precision_table
 
@@ -578,6 +583,17 @@ def _grid_bench(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_grid.md").write_text(f"{title}\n{table.to_markdown(floatfmt='.3g')}\n")
         table.to_csv(args.out / "bench_grid.csv")
+    return 0
+
+
+def _profile_steps(args: argparse.Namespace) -> int:
+    from pe_bench.harness.reports.bench import BenchSpec, profile_step
+
+    spec = BenchSpec(args.model, (), (), 0, args.repeats, args.image_size, args.device, args.threads)
+    batch = max(args.throughput_batch)
+    for method in _bench_methods(args.profile_step):
+        title = f"## {method}: training step at batch {batch} ({args.model}, {args.device}), operators by self time"
+        print(title, profile_step(method, spec, batch), sep="\n", flush=True)
     return 0
 
 

@@ -725,6 +725,28 @@ def throughput_table(spec: BenchSpec, on_row: Callable[[dict], None] | None = No
     return table[[c for c in order if c in table]]
 
 
+def profile_step(method: str, spec: BenchSpec, batch: int, steps: int = 3, rows: int = 25) -> str:
+    """Where a training step's time goes: ``torch.profiler``'s operators of ``steps`` steps
+    at ``batch`` (after two warm-up steps), the ``rows`` most expensive by self time on the
+    device (CUDA time on a GPU). Issue 16's eager encodings cost several times their FLOP
+    bound on an H200; this table names the operators that do it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, size = _build_vit(method, spec)
+    step = _TrainStep(model, torch.randn(batch, 3, size, size, device=spec.device), spec.device)
+    step()
+    step()
+    cuda = spec.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as profiler:
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    return profiler.key_averages().table(sort_by=key, row_limit=rows)
+
+
 def _ratio(nopos: object, value: object) -> float | None:
     """nopos img/s over the method's (how many times slower); None when either failed."""
     if not isinstance(nopos, float) or not isinstance(value, float) or value <= 0:

@@ -153,3 +153,12 @@ def test_bench_methods_keep_their_order_with_timm_among_them():
     from pe_bench.harness.cli import _bench_methods
 
     assert _bench_methods("timm, pape[m=8,form=explicit],rope,timm") == ("timm", "pape[m=8,form=explicit]", "rope")
+
+
+def test_profile_step_names_the_operators_of_a_training_step(capsys):
+    args = ["bench", "--model", "tiny", "--device", "cpu", "--profile-step", "nopos,rope", "--throughput-batch", "2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "## nopos: training step at batch 2" in out and "## rope: training step at batch 2" in out
+    rope = out.split("## rope")[1]
+    assert "Self CPU" in rope and "aten::mul" in rope  # the rotation's products are among rope's operators
