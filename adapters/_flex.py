@@ -19,8 +19,9 @@ from .base import MaskMod, ScoreMod
 
 #: compiled variants of flex_attention one process may hold: Dynamo compiles one per score_mod
 #: (every encoding has its own), grad mode (training, evaluation) and shape. Its default of 8
-#: was measured too few on an H200 (issue 16): a benchmark of six bias encodings hit it at the
-#: fifth, and Dynamo then ran flex_attention eagerly (unfused, N x N scores) without an error.
+#: was measured too few on an H200 (issue 16): a benchmark with three compilations per bias
+#: encoding reached it at the third encoding, and Dynamo then ran flex_attention eagerly
+#: (unfused, N x N scores) without an error.
 FLEX_RECOMPILE_LIMIT = 128
 
 
