@@ -699,8 +699,8 @@ def throughput_table(spec: BenchSpec, on_row: Callable[[dict], None] | None = No
             rows.append(_measure_method(method, spec))
             if on_row is not None:
                 on_row(rows[-1])
-        if spec.device.startswith("cuda"):
-            torch.cuda.empty_cache()
+            if spec.device.startswith("cuda"):
+                torch.cuda.empty_cache()
     table = pd.DataFrame(rows).set_index("method")
     built = [not str(kernel).startswith(("error:", "OOM")) for kernel in table["kernel"]]
     bf16 = spec.device.startswith("cuda")

@@ -187,7 +187,6 @@ def test_compiled_flex_on_cuda_matches_dense_with_gradients(name, options, padde
         torch.testing.assert_close(grads["flex"][key], grads["dense"][key], atol=2e-3, rtol=2e-3)
 
 
-
 @pytest.mark.parametrize("return_lse", [False, True])
 def test_heads_padded_for_the_cuda_kernels_give_the_same_attention(return_lse, monkeypatch):
     """CUDA's compiled Flex kernels refuse heads narrower than 16 (measured on an H200): run_flex
