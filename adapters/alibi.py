@@ -40,6 +40,7 @@ from .base import (
     Principle,
     ScoreMod,
     first_sample_if_shared,
+    shared_per_forward,
 )
 from .registry import register
 
@@ -92,6 +93,10 @@ class ALiBiLayer(LayerEncoding):
         self.register_buffer("slopes", slopes, persistent=False)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        # Every layer shares this module (fixed slopes), so one bias serves the whole forward.
+        return shared_per_forward(inputs, ("alibi-bias", self), lambda: self._bias(inputs))
+
+    def _bias(self, inputs: AttentionInputs) -> Tensor:
         inputs = first_sample_if_shared(inputs)  # a grid's bias is built once, not per sample
         r_q, r_k = query_key_coords(inputs)
         # Direct differences, not the |a|^2 + |b|^2 - 2ab expansion: exact translation invariance.

@@ -23,10 +23,10 @@ the attention core then calls the fused SDPA kernel with at most a key-padding m
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -74,12 +74,30 @@ class PositionLayout:
     valid:      (B, N) bool key-padding mask, False for padding; None when nothing is padded.
     grid_shape: the current grid of the positioned tokens (row-major after the prefix
                 tokens), or None for irregular positions.
+
+    A layout made by :meth:`sharing_features` also carries a memo for
+    :func:`shared_per_forward`; every other layout (a new one, or ``with_coords``) has none.
     """
 
     coords: Tensor
     has_pos: Tensor
     valid: Tensor | None = None
     grid_shape: tuple[int, ...] | None = None
+    _shared: dict | None = field(default=None, init=False, repr=False, compare=False)
+
+    def sharing_features(self) -> PositionLayout:
+        """A copy of this layout with an empty memo of position-only features (rotation
+        tables, key-centred coordinates, position-only biases): the layers of one forward
+        that see it compute each such feature once (:func:`shared_per_forward`).
+
+        A backbone calls this once per forward on the layout all its layers see, so the
+        memo lives as long as that forward: nothing is reused from one batch to the next
+        (whose positions, dtype or grad mode may differ), and a benchmark that times
+        forwards on one layout object still pays for every forward's features.
+        """
+        layout = replace(self)
+        layout._shared = {}
+        return layout
 
     @property
     def pos_dim(self) -> int:
@@ -123,6 +141,30 @@ class AttentionInputs:
     query: PositionLayout
     key: PositionLayout
     causal: bool = False
+
+
+Shared = TypeVar("Shared")
+
+
+def shared_per_forward(inputs: AttentionInputs, name: Hashable, compute: Callable[[], Shared]) -> Shared:
+    """``compute()``, evaluated once per forward for all layers that ask with the same
+    ``name`` and the same key layout: features that depend on positions only (and on
+    buffers every layer shares), so every layer would compute the same value.
+
+    The memo is the query layout's (:meth:`PositionLayout.sharing_features`); without one,
+    and inside ``torch.compile`` (whose common-subexpression elimination already merges
+    the layers' identical computations into one), this is ``compute()``. ``name`` must
+    name everything the value depends on besides the layouts (e.g. the dtype, or the
+    module whose buffers it reads). Cross-attention keeps one entry per key layout object.
+    """
+    memo = inputs.query._shared
+    if memo is None or torch.compiler.is_compiling():
+        return compute()
+    slot = (name, id(inputs.key))
+    entry = memo.get(slot)
+    if entry is None or entry[0] is not inputs.key:  # the layout itself guards against a reused id
+        entry = memo[slot] = (inputs.key, compute())
+    return entry[1]
 
 
 def _shared_over_batch(t: Tensor | None) -> bool:
@@ -308,8 +350,13 @@ def key_centred_coords(inputs: AttentionInputs, dtype: torch.dtype = torch.float
     """Query and key positions (in ``dtype``) relative to the mean positioned key.
 
     Translation invariance makes the shift exact, and it keeps the squared terms of the
-    efficient forms small. Returns the same tensor twice for self-attention.
+    efficient forms small. Returns the same tensor twice for self-attention. Computed once
+    per forward and dtype (:func:`shared_per_forward`).
     """
+    return shared_per_forward(inputs, ("key-centred", dtype), lambda: _key_centred_coords(inputs, dtype))
+
+
+def _key_centred_coords(inputs: AttentionInputs, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     query, key = inputs.query, inputs.key
     origin = masked_mean(key.coords.to(dtype), key.positioned)
     r_q = query.coords.to(dtype) - origin

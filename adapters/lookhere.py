@@ -105,6 +105,7 @@ from .base import (
     Principle,
     ScoreMod,
     first_sample_if_shared,
+    shared_per_forward,
 )
 from .registry import register
 
@@ -283,18 +284,26 @@ class LookHereLayer(LayerEncoding):
         return admissible.any(-1)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        # Distances and fields of view are the same in every layer (only the slopes change):
+        # computed once per forward.
+        view = (self.slopes.dtype, tuple(self.fields_of_view))
+        dist, pair, masked = shared_per_forward(inputs, ("lookhere-view", view), lambda: self._view(inputs))
+        distance_bias = -self.slopes[:, None, None] * dist.unsqueeze(1)
+        out = torch.where(pair, distance_bias, torch.zeros_like(distance_bias))
+        return out.masked_fill(masked, float("-inf"))
+
+    def _view(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, Nq, Nk) distances, (B, 1, Nq, Nk) positioned pairs and (B, H, Nq, Nk) masked
+        pairs, cut to one sample when every sample shares them."""
         inputs = first_sample_if_shared(inputs)  # a grid's bias is built once, not per sample
         query, key = inputs.query, inputs.key
         cq, ck = self._coords(inputs)
         delta = ck.unsqueeze(1) - cq.unsqueeze(2)  # (B, Nq, Nk, 2): r_j - r_i
         dist = _distance(delta[..., 0], delta[..., 1])
         visible = self.visibility(delta, dist)
-        distance_bias = -self.slopes[:, None, None] * dist.unsqueeze(1)
-
         pair = query.has_pos[:, None, :, None] & key.has_pos[:, None, None, :]
         masked = pair & ~visible & ~self.unmasked_rows(inputs, visible).unsqueeze(-1)
-        out = torch.where(pair, distance_bias, torch.zeros_like(distance_bias))
-        return out.masked_fill(masked, float("-inf"))
+        return dist, pair, masked
 
     def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod:
         # The fields of view go into the score_mod as -inf rather than into a mask_mod:

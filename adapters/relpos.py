@@ -39,6 +39,7 @@ from .base import (
     Principle,
     ScoreMod,
     first_sample_if_shared,
+    shared_per_forward,
 )
 from .registry import register
 
@@ -74,10 +75,16 @@ class RelPosLayer(LayerEncoding):
         return (offset * self.strides).sum(-1)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
-        inputs = first_sample_if_shared(inputs)  # a grid's bias is built once, not per sample
-        index = self.cell_index(inputs)
+        # The cells depend on positions and the window only: one lookup per forward for all
+        # layers (each layer then reads its own table).
+        index, pairs = shared_per_forward(inputs, ("relpos-cells", self.window_cells), lambda: self._cells(inputs))
         bias = self.table[:, index].movedim(0, 1)  # (B, H, Nq, Nk)
-        return bias * pair_mask(inputs)
+        return bias * pairs
+
+    def _cells(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        """``cell_index`` and ``pair_mask``, cut to one sample when every sample shares them."""
+        inputs = first_sample_if_shared(inputs)  # a grid's bias is built once, not per sample
+        return self.cell_index(inputs), pair_mask(inputs)
 
     def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod:
         table, windows, strides = self.table, self.window_cells, self.stride_cells

@@ -16,15 +16,18 @@ logits between patches. Heo et al.'s code (rope-vit) leaves the CLS unrotated wi
 positions from 0, i.e. at the top-left patch's position; the official PaPE code rotates
 every token with the CLS at (0, 0) and patches at (1..W, 1..H).
 
-Cost: every layer recomputes the same angles and cos/sin tables from the same layout.
-Compiled (``trainer.compile``, on by default on CUDA), AOTAutograd's common-subexpression
-elimination merges them into one computation per forward (tests/harness/test_compile.py
-checks this), and inductor fuses the rotation of q and of k into the kernels around
-them; eager runs pay the per-layer recomputation. RoPE-Mixed and STRING learn their
-frequencies per layer, so only the key-centred coordinates are shared there (also by CSE).
+Cost: the rotation tables (cos' and sin', see ``rotate``) depend on positions only, so
+one set per forward serves every layer, and q and k in self-attention: eager runs keep
+them in the forward's memo (``shared_per_forward``); compiled runs (``trainer.compile``,
+on by default on CUDA) get the same sharing from AOTAutograd's common-subexpression
+elimination (tests/harness/test_compile.py checks this), and inductor fuses the rotation
+of q and of k into the kernels around them. RoPE-Mixed and STRING learn their
+frequencies per layer, so only the key-centred coordinates are shared there.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from pydantic import Field
@@ -39,6 +42,7 @@ from .base import (
     Principle,
     geometric_frequencies,
     key_centred_layouts,
+    shared_per_forward,
 )
 from .registry import register
 
@@ -48,28 +52,51 @@ class RoPEOptions(EncodingOptions):
     base: float = Field(100.0, gt=0.0)
 
 
-def rotate_pairs(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate consecutive pairs (t[2i], t[2i+1]) of the first 2*F channels by the angles.
+class RotationTables(NamedTuple):
+    """Per-channel tables of a rotation of consecutive pairs, in the dtype of the rotated
+    tensor: (B, 1 or H, N, 2F) each, cos' = (c, c) and sin' = (-s, s) for every pair."""
 
-    t: (B, H, N, E); cos/sin: (B, 1, N, F) with 2F <= E. Remaining channels pass unchanged.
+    cos: Tensor
+    sin: Tensor
 
-    Written as t * cos' + swap(t) * sin', with cos' = (c, c) and sin' = (-s, s) per pair and
-    swap exchanging the two channels of each pair: four passes over the (B, H, N, E) tensor
-    (the swap's copy, two products, a sum) where the pairwise form took five (four
-    half-width products, a difference and a sum, then the stack and the concatenation, each
-    a copy). The products are rounded before the sum exactly as in the pairwise form (a
-    fused multiply-add would round once, changing results by an ulp and with them every
-    stored rope record), so both forms give the same bits in every dtype (tested). Eager GPU
-    runs pay per pass over q and k (RoPE: 1.48x nopos's training step on an H200 with the
-    pairwise form, issue 16; this form is not yet measured on a GPU).
+
+def rotation_tables(angles: Tensor, dtype: torch.dtype) -> RotationTables:
+    """(B, 1 or H, N, F) angles -> the tables ``rotate`` applies, in ``dtype``."""
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    return RotationTables(cos.repeat_interleave(2, dim=-1), torch.stack([-sin, sin], dim=-1).flatten(-2))
+
+
+def rotate(t: Tensor, tables: RotationTables) -> Tensor:
+    """Rotate consecutive pairs (t[2i], t[2i+1]) of the first 2F channels of t (B, H, N, E),
+    2F <= E, by the tables' angles; the remaining channels pass unchanged.
+
+    Written as t * cos' + swap(t) * sin', swap exchanging the two channels of each pair: four
+    passes over the (B, H, N, E) tensor (the swap's copy, two products, a sum) where the
+    pairwise form took five (four half-width products, a difference and a sum, then the
+    stack and the concatenation, each a copy). The products are rounded before the sum
+    exactly as in the pairwise form (a fused multiply-add would round once, changing
+    results by an ulp and with them every stored rope record), so both forms give the same
+    bits in every dtype (tested). Eager GPU runs pay per pass over q and k (RoPE: 1.48x
+    nopos's training step on an H200 with the pairwise form, issue 16; this form is not yet
+    measured on a GPU).
     """
-    rotated = 2 * cos.shape[-1]
+    rotated = tables.cos.shape[-1]
     head = t if rotated == t.shape[-1] else t[..., :rotated]
-    cos_pairs = cos.repeat_interleave(2, dim=-1)  # (.., N, 2F): small, the tables' size
-    sin_pairs = torch.stack([-sin, sin], dim=-1).flatten(-2)
     swapped = head.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    out = head * cos_pairs + swapped * sin_pairs
+    out = head * tables.cos + swapped * tables.sin
     return out if rotated == t.shape[-1] else torch.cat([out, t[..., rotated:]], dim=-1)
+
+
+def rotate_pairs(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``rotate`` by (B, 1 or H, N, F) cosines and sines in t's dtype (one-off rotations)."""
+    return rotate(t, RotationTables(cos.repeat_interleave(2, dim=-1), torch.stack([-sin, sin], dim=-1).flatten(-2)))
+
+
+def rotate_qk(q: Tensor, k: Tensor, q_angles: Tensor, k_angles: Tensor) -> tuple[Tensor, Tensor]:
+    """Rotate q and k by their angles; one set of tables serves both in self-attention."""
+    q_tables = rotation_tables(q_angles, q.dtype)
+    k_tables = q_tables if k_angles is q_angles else rotation_tables(k_angles, k.dtype)
+    return rotate(q, q_tables), rotate(k, k_tables)
 
 
 def rotation_angles(layout: PositionLayout, frequencies: Tensor) -> Tensor:
@@ -91,15 +118,19 @@ class RotaryLayer(LayerEncoding):
         self.register_buffer("frequencies", frequencies, persistent=False)
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        tables = lambda: self.angle_tables(inputs, q.dtype)  # noqa: E731
+        q_tables, k_tables = shared_per_forward(inputs, ("rope", self, q.dtype), tables)
+        return rotate(q, q_tables), rotate(k, k_tables)
+
+    def angle_tables(self, inputs: AttentionInputs, dtype: torch.dtype) -> tuple[RotationTables, RotationTables]:
+        """The query's and the key's rotation tables, once per forward for all layers."""
         # Rotating positions measured from the mean key keeps patch-patch scores unchanged
         # (only r_j - r_i matters) and makes the unrotated CLS sit at the centre of the
         # tokens rather than at the absolute origin, so shifting every patch changes nothing.
         query, key = key_centred_layouts(inputs, self.frequencies.dtype)
-        q_angle = rotation_angles(query, self.frequencies)
-        k_angle = q_angle if key is query else rotation_angles(key, self.frequencies)
-        q = rotate_pairs(q, q_angle.cos().to(q.dtype), q_angle.sin().to(q.dtype))
-        k = rotate_pairs(k, k_angle.cos().to(k.dtype), k_angle.sin().to(k.dtype))
-        return q, k
+        q_tables = rotation_tables(rotation_angles(query, self.frequencies), dtype)
+        k_tables = q_tables if key is query else rotation_tables(rotation_angles(key, self.frequencies), dtype)
+        return q_tables, k_tables
 
 
 @register("rope")

@@ -44,7 +44,7 @@ from .base import (
     key_centred_layouts,
 )
 from .registry import register
-from .rope import rotate_pairs, rotation_angles
+from .rope import rotate_qk, rotation_angles
 
 
 class RoPEMixedOptions(EncodingOptions):
@@ -83,14 +83,12 @@ def mixed_angles(layout: PositionLayout, frequencies: Tensor) -> Tensor:
     return rotation_angles(layout, frequencies).unflatten(-1, (pos_dim, pairs)).sum(-2)
 
 
-def rotate_qk(q: Tensor, k: Tensor, inputs: AttentionInputs, frequencies: Tensor) -> tuple[Tensor, Tensor]:
+def rotate_mixed(q: Tensor, k: Tensor, inputs: AttentionInputs, frequencies: Tensor) -> tuple[Tensor, Tensor]:
     """Rotate q and k by their own layouts' mixed angles (layouts may differ: cross-attention)."""
     query, key = key_centred_layouts(inputs, frequencies.dtype)
     q_angle = mixed_angles(query, frequencies)
     k_angle = q_angle if key is query else mixed_angles(key, frequencies)
-    q = rotate_pairs(q, q_angle.cos().to(q.dtype), q_angle.sin().to(q.dtype))
-    k = rotate_pairs(k, k_angle.cos().to(k.dtype), k_angle.sin().to(k.dtype))
-    return q, k
+    return rotate_qk(q, k, q_angle, k_angle)
 
 
 class MixedRotaryLayer(LayerEncoding):
@@ -99,7 +97,7 @@ class MixedRotaryLayer(LayerEncoding):
         self.frequencies = nn.Parameter(frequencies)  # (H, P, F), learnable per layer
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
-        return rotate_qk(q, k, inputs, self.frequencies)
+        return rotate_mixed(q, k, inputs, self.frequencies)
 
 
 def rope_levels(head_dim: int, pos_dim: int, name: str) -> int:

@@ -81,7 +81,8 @@ class TransformerEncoder(nn.Module):
 
     def _input(self, x: Tensor, layout: PositionLayout) -> tuple[Tensor, PositionLayout]:
         """The input path every layer sees: prepared positions, embedded tokens, zeroed padding."""
-        layout = self.encoding.prepare(layout)
+        # One memo of position-only features per forward, shared by every block's attention.
+        layout = self.encoding.prepare(layout).sharing_features()
         x = self.encoding.embed(x, layout)
         if layout.valid is not None:
             # Padding tokens carry zeros so nothing in them can leak anywhere.

@@ -532,7 +532,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         forward = forward_table(BenchSpec(**{**spec.__dict__, "methods": tuple(m for m in methods if m != "timm")}))
         lines += [
             "## Median ms with its IQR (inference per image; one training step), each relative to nopos in the"
-            f" same run; GFLOPs per image; peak inference memory at batch {batches[0]}",
+            f" same run; GFLOPs per image; peak inference memory at batch {batches[0]}; computing operators"
+            " (kernels, views left out) of a forward (ops_fwd) and of a training forward + backward (ops_train)"
+            " at batch 1",
             forward.to_markdown(),
             "",
         ]

@@ -8,7 +8,10 @@ a noisy machine hits all of them alike. Each time is reported as the median with
 interquartile range (``*_iqr``) beside it. FLOPs per image come from
 ``torch.utils.flop_counter.FlopCounterMode`` on one inference forward: matrix products,
 convolutions and attention; elementwise work (RoPE's rotation, softmax) is not counted.
-Peak memory on CPU is the peak resident set of a
+``ops_fwd`` / ``ops_train`` count the computing operators (kernels; views left out) of one
+inference forward and one training forward + backward at batch 1 (``op_count.py``): the
+machine-independent figure behind eager per-operator overhead, which dominates small
+batches on a GPU. Peak memory on CPU is the peak resident set of a
 fresh subprocess per point above the bare interpreter with torch loaded (torch has no CPU
 allocator statistics), so it includes weights and inputs; on CUDA it is
 ``max_memory_allocated`` during the forward.
@@ -37,6 +40,7 @@ from pe_bench.adapters import build as build_encoding
 from pe_bench.adapters.base import positional_parameters
 from pe_bench.harness.attention import Attention
 from pe_bench.harness.config import ModelConfig
+from pe_bench.harness.reports.op_count import operators_per_pass
 from pe_bench.tasks._shared.vit import ViT, image_geometry
 
 MODELS: dict[str, tuple[ModelConfig, int]] = {
@@ -199,6 +203,9 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
         row["pos_params"] = _positional_parameters(models[method])
         row["params"] = sum(p.numel() for p in models[method].parameters())
         row["sdpa"] = sdpa_backend(models[method], first, spec.device)
+        if not spec.compile:  # a compiled model runs fused kernels, not these operators
+            with _autocast(spec.device):
+                row["ops_fwd"], row["ops_train"] = operators_per_pass(models[method], first[:1])
         rows.append(row)
     return pd.DataFrame(rows).set_index("method")
 

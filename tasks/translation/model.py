@@ -155,12 +155,12 @@ class Seq2SeqTransformer(nn.Module):
         """Source ids (B, S) -> memory (B, S, D), its self-attention layout, its cross-attention layout."""
         frame = self.frame
         if frame.shared_frame:
-            layout = self._layout(src, frame.source_scale, noise)
+            layout = self._layout(src, frame.source_scale, noise).sharing_features()
             memory_layout = layout
         else:
             # Integer positions in the encoder's own frame (abspos indexes rows, relpos
             # offsets stay exact); the alpha-scaled frame is only for cross-attention.
-            layout = self.encoder_encoding.prepare(self._layout(src, 1.0, None))
+            layout = self.encoder_encoding.prepare(self._layout(src, 1.0, None)).sharing_features()
             memory_layout = self._layout(src, frame.source_scale, None)
         x = self._embed(src, layout, self.encoder_encoding)
         for block in self.encoder_blocks:
@@ -174,6 +174,7 @@ class Seq2SeqTransformer(nn.Module):
         layout = self._layout(tgt, 1.0, noise)
         if not self.frame.shared_frame:
             layout = self.decoder_encoding.prepare(layout)
+        layout = layout.sharing_features()  # one memo of position-only features per forward
         x = self._embed(tgt, layout, self.decoder_encoding)
         for block in self.decoder_blocks:
             x = block(x, layout, memory, memory_layout)
