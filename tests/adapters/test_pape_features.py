@@ -1,0 +1,65 @@
+"""PaPE's widened q/k, built term by term as the module doc writes them (zero accumulators,
+a and b masked for position-free queries, padding after the concatenation): the streamlined
+construction in pape.py must give the same bits in every ablation and dtype."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pe_bench.adapters.base import AttentionInputs, PositionLayout
+from pe_bench.adapters.pape import LOW_PRECISION, PaPEOptions, ParabolicLayer
+
+ABLATIONS = [
+    dict(zip(("quadratic", "linear", "context", "softplus"), flags, strict=True))
+    for flags in itertools.product([True, False], repeat=4)
+    if flags[0] or flags[1]  # neither term leaves nothing positional to build
+]
+
+
+def _term_by_term(layer: ParabolicLayer, q, k, inputs: AttentionInputs):
+    s_q, s_k = layer._frame(inputs)
+    a, b = layer._coefficients_for_queries(inputs)
+    offset_q, linear_q = torch.zeros_like(s_q[..., :1]), torch.zeros_like(s_q)
+    if a is not None:
+        offset_q = offset_q + (a * s_q.square()).sum(-1, keepdim=True)
+        linear_q = linear_q - 2 * a * s_q
+    if b is not None:
+        offset_q = offset_q - (b * s_q).sum(-1, keepdim=True)
+        linear_q = linear_q + b
+    q_parts, k_parts = [offset_q], [torch.ones_like(s_k[..., :1])]
+    if a is not None:
+        q_parts.append(a)
+        k_parts.append(s_k.square())
+    q_extra = torch.cat([*q_parts, linear_q], dim=-1)
+    k_extra = torch.cat([*k_parts, s_k], dim=-1) * inputs.key.has_pos[:, None, :, None]
+    if layer.options.low_precision == "split" and q.dtype in LOW_PRECISION:
+        q_hi, k_hi = q_extra.to(q.dtype), k_extra.to(k.dtype)
+        q_lo, k_lo = (q_extra - q_hi.float()).to(q.dtype), (k_extra - k_hi.float()).to(k.dtype)
+        q_ext, k_ext = torch.cat([q, q_hi, q_hi, q_lo], -1), torch.cat([k, k_hi, k_lo, k_hi], -1)
+    else:
+        q_ext, k_ext = torch.cat([q, q_extra.to(q.dtype)], -1), torch.cat([k, k_extra.to(k.dtype)], -1)
+    pad = -q_ext.shape[-1] % layer.options.pad_to
+    return F.pad(q_ext, (0, pad)), F.pad(k_ext, (0, pad))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("low_precision", ["split", "round"])
+@pytest.mark.parametrize("ablation", ABLATIONS, ids=lambda a: "-".join(k for k, v in a.items() if not v) or "full")
+def test_widened_heads_are_the_term_by_term_features(ablation, low_precision, dtype):
+    torch.manual_seed(0)
+    layer = ParabolicLayer(32, 4, 2, PaPEOptions(m=6, low_precision=low_precision, **ablation))
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    layer = layer.to(wide)
+    grid = PositionLayout.grid(2, (4, 5), 1)  # a CLS token, then a scaled 4 x 5 grid
+    layout = grid.with_coords((grid.coords * 3.7).to(wide))
+    x = torch.randn(2, 21, 32, dtype=wide)
+    inputs = AttentionInputs(x_q=x, x_k=x, query=layout, key=layout)
+    q, k = (torch.randn(2, 4, 21, 8).to(dtype) for _ in range(2))
+    with torch.no_grad():
+        got, expected = layer.transform_qk(q, k, inputs), _term_by_term(layer, q, k, inputs)
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == e.shape and torch.equal(g, e)
