@@ -200,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--throughput", action=argparse.BooleanOptionalAction, default=None, help="img/s table (default: on CUDA)"
     )
     bench.add_argument("--throughput-batch", type=_ints, default=[1, 128], help="batches of the img/s table")
-    bench.add_argument("--pape-precision", action="store_true", help="only PaPE's bf16 softmax error vs float64")
+    bench.add_argument(
+        "--pape-precision", action="store_true", help="only PaPE's bf16 softmax and gradient error vs float64"
+    )
     bench.add_argument(
         "--profile-step", default=None, metavar="METHODS", help="only: each method's training step in torch.profiler"
     )
@@ -514,7 +516,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from pe_bench.harness.reports.bench import pape_precision_table
 
         precision = pape_precision_table()
-        title = "## PaPE softmax total variation against float64 (bf16 autocast, CPU)"
+        title = (
+            "## PaPE against float64 (bf16 autocast, CPU): softmax total variation (mean, max) and relative"
+            " error of the gradients reaching the encoding (grad) and the qkv weight (content grad)"
+        )
         print(title, precision.to_markdown(floatfmt=".2g"), sep="\n")
         return 0
     methods = TABLE4_METHODS if args.methods is None else _bench_methods(args.methods)

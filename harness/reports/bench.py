@@ -454,6 +454,56 @@ def _attention_probabilities(layer: Attention, x: torch.Tensor, layout: Position
     return logits.softmax(-1)
 
 
+def _kernel_gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, upstream: torch.Tensor, scale: float):
+    """dL/dq and dL/dk of L = <softmax(q k^T scale) v, upstream>, with the roundings of a
+    FlashAttention-style 16-bit backward: P rounded to 16 bits for P V, dS = P (dP - D)
+    rounded to 16 bits for the dS k and dS^T q products (exact products, wide sums), dq and
+    dk returned in q's dtype. For float32 and float64 q, plain autograd.
+
+    This is a model of the kernel's arithmetic, not a GPU measurement: FlashAttention-2 (and
+    the memory-efficient and cuDNN kernels, which feed the same tensor-core products) hold
+    P and dS in the input dtype for their second-stage products."""
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        q_, k_ = q.detach().requires_grad_(), k.detach().requires_grad_()
+        out = ((q_ @ k_.transpose(-1, -2)) * scale).softmax(-1) @ v.to(q.dtype)
+        return torch.autograd.grad((out * upstream.to(q.dtype)).sum(), (q_, k_))
+    low = q.dtype
+    wide = lambda t: t.double()  # noqa: E731 (exact products of 16-bit numbers, wide sums)
+    probabilities = ((wide(q) @ wide(k).transpose(-1, -2)) * scale).softmax(-1)
+    out = wide(probabilities.to(low)) @ wide(v)
+    d_out = wide(upstream.to(low))
+    d_probabilities = d_out @ wide(v).transpose(-1, -2)
+    d_scores = wide((probabilities * (d_probabilities - (d_out * out).sum(-1, keepdim=True))).to(low))
+    return (d_scores @ wide(k) * scale).to(low), (d_scores.transpose(-1, -2) @ wide(q) * scale).to(low)
+
+
+def _gradient_errors(layer: Attention, reference: Attention, x, layout, layout64, rows, autocast) -> dict[str, float]:
+    """Relative L2 error, against ``reference`` (float64), of the gradients that flow through
+    q and k for a loss on the query ``rows`` (fixed random upstream gradient): of the
+    encoding's parameters ("positional", NaN without any) and of the qkv weight ("content")."""
+
+    def gradients(attention: Attention, tokens, positions, cast) -> dict[str, torch.Tensor]:
+        attention.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=cast or torch.bfloat16, enabled=cast is not None):
+            q, k, v, _ = attention._project(tokens, positions, None, None, False)
+        q_rows = q[:, :, rows]
+        upstream = torch.randn(q_rows.shape[:-1] + (v.shape[-1],), generator=torch.Generator().manual_seed(1))
+        d_q, d_k = _kernel_gradients(q_rows, k, v.detach(), upstream, 1.0 / math.sqrt(attention.head_dim))
+        torch.autograd.backward([q_rows, k], [d_q, d_k])
+        return {name: p.grad.double() for name, p in attention.named_parameters() if p.grad is not None}
+
+    got, exact = gradients(layer, x, layout, autocast), gradients(reference, x.double(), layout64, None)
+
+    def error(names: list[str]) -> float:
+        if not names:
+            return float("nan")
+        diff = torch.cat([(got[n] - exact[n]).flatten() for n in names])
+        return float(diff.norm() / torch.cat([exact[n].flatten() for n in names]).norm())
+
+    positional = [n for n in exact if n.startswith("encoding.")]
+    return {"positional": error(positional), "content": error(["qkv.weight"])}
+
+
 def pape_precision_table(
     sides: tuple[int, ...] = (14, 32, 64, 128),
     methods: tuple[str, ...] = ("nopos", "pape", "pape-ri"),
@@ -466,6 +516,9 @@ def pape_precision_table(
     efficient form on side x side grids (plus a CLS token), against the same weights in
     float64, for each of ``PRECISION_VARIANTS``: float32, and bf16 autocast with the widened
     features rounded to bf16 (the old formulation) or split into hi + lo pairs (pape.py).
+    Beside it, ``grad``: the relative L2 error of the gradients that reach the encoding's
+    parameters through q and k (a loss on the sampled rows, ``_kernel_gradients``' model of
+    a 16-bit attention backward), and ``content grad``: the same for the qkv weight.
 
     Weights are the encodings' initialisation with head width 64 (ViT-B's), inputs standard
     normal. What remains in "bf16 split" is mostly the bf16 rounding of the content q . k,
@@ -501,6 +554,13 @@ def pape_precision_table(
                 probabilities = _attention_probabilities(layers[label], x, layout, query_rows, autocast)
                 tv = 0.5 * (probabilities - reference).abs().sum(-1)
                 row[f"{label} mean"], row[f"{label} max"] = float(tv.mean()), float(tv.max())
+            for label, _, autocast in PRECISION_VARIANTS:
+                errors = _gradient_errors(
+                    layers[label], reference_layer, x, layout, layout64, query_rows, autocast
+                )  # fmt: skip
+                row[f"{label} grad"] = errors["positional"]
+                if label == PRECISION_VARIANTS[-1][0]:
+                    row["bf16 content grad"] = errors["content"]
             rows.append(row)
     return pd.DataFrame(rows).set_index(["method", "grid"])
 
