@@ -22,6 +22,7 @@ the attention core then calls the fused SDPA kernel with at most a key-padding m
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
@@ -142,6 +143,14 @@ class AttentionInputs:
     key: PositionLayout
     causal: bool = False
 
+    def for_queries(self, rows: Tensor) -> AttentionInputs:
+        """These inputs for the queries ``rows`` only (every key stays; in self-attention the
+        key layout is still the whole sequence's). The restricted query layout has no grid."""
+        query = self.query
+        valid = None if query.valid is None else query.valid[:, rows]
+        part = PositionLayout(coords=query.coords[:, rows], has_pos=query.has_pos[:, rows], valid=valid)
+        return replace(self, x_q=self.x_q[:, rows], query=part)
+
 
 Shared = TypeVar("Shared")
 
@@ -232,6 +241,15 @@ class LayerEncoding(nn.Module):
         the bias computed from per-token tensors inside the function, never stored as N x N.
         ``q``, ``k`` are the transformed heads. Key padding and causality are the attention
         core's business, not the score_mod's. None: the encoding has no Flex form."""
+        return None
+
+    def query_groups(self, inputs: AttentionInputs) -> list[Tensor] | None:
+        """Groups of query indices (a partition of 0..Nq-1) that the attention core transforms
+        and attends separately: ``transform_qk`` then sees one group's queries (``inputs``
+        restricted by ``AttentionInputs.for_queries``) with every key, and the outputs are put
+        back in query order. For encodings whose transform is better per group (PaPE's
+        ``frame_tile``: a frame per tile of queries); only for encodings without a bias.
+        None (default): all queries at once."""
         return None
 
     def mask_mod(self, inputs: AttentionInputs) -> MaskMod | None:
@@ -362,6 +380,43 @@ def _key_centred_coords(inputs: AttentionInputs, dtype: torch.dtype) -> tuple[Te
     r_q = query.coords.to(dtype) - origin
     r_k = r_q if key is query else key.coords.to(dtype) - origin
     return r_q, r_k
+
+
+def group_centred_coords(inputs: AttentionInputs, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """Query and key positions (in ``dtype``) relative to the mean positioned *query*, for a
+    group of queries (``LayerEncoding.query_groups``) that shares one frame; a group without
+    a positioned query keeps the mean positioned key as its origin (its queries carry no
+    positional term). The same translation as ``key_centred_coords``, another origin."""
+    query, key = inputs.query, inputs.key
+    q_coords, k_coords = query.coords.to(dtype), key.coords.to(dtype)
+    positioned = query.positioned
+    has_any = positioned.any(1, keepdim=True).unsqueeze(-1)  # (B, 1, 1)
+    origin = torch.where(has_any, masked_mean(q_coords, positioned), masked_mean(k_coords, key.positioned))
+    return q_coords - origin, k_coords - origin
+
+
+def grid_tiles(layout: PositionLayout, edge: int) -> list[Tensor]:
+    """The token indices of ``layout`` in tiles of ``edge`` cells per axis of its grid (the
+    positioned tokens are row-major after the prefix tokens, which join the first tile), or,
+    without a grid, in chunks of ``edge ** P`` consecutive tokens (1-D sequences, and
+    serialised point patches, are compact in token order). On the layout's device."""
+    n, device = layout.coords.shape[1], layout.coords.device
+    return [torch.tensor(rows, device=device) for rows in _tile_rows(n, layout.grid_shape, edge, layout.pos_dim)]
+
+
+@torch.compiler.assume_constant_result  # host-side arithmetic on shapes: a constant to torch.compile
+def _tile_rows(n: int, grid: tuple[int, ...] | None, edge: int, pos_dim: int) -> tuple[tuple[int, ...], ...]:
+    # Plain Python on the grid's shape, once per forward (the memo shares it between layers).
+    if grid is None or math.prod(grid) > n:
+        size = edge**pos_dim
+        return tuple(tuple(range(start, min(start + size, n))) for start in range(0, n, size))
+    prefix = n - math.prod(grid)
+    tiles: dict[tuple[int, ...], list[int]] = {}
+    for cell, index in enumerate(itertools.product(*(range(g) for g in grid))):  # row-major
+        tiles.setdefault(tuple(i // edge for i in index), []).append(prefix + cell)
+    ordered = [tiles[key] for key in sorted(tiles)]
+    ordered[0] = list(range(prefix)) + ordered[0]
+    return tuple(tuple(rows) for rows in ordered)
 
 
 def key_centred_layouts(inputs: AttentionInputs, dtype: torch.dtype) -> tuple[PositionLayout, PositionLayout]:

@@ -5,6 +5,10 @@ q/k transforms run before SDPA, a bias (if any) is added to the logits. The logi
 is always 1/sqrt(head_dim) of the *unwidened* head, so an encoding that widens q/k
 (PaPE's efficient form) reproduces its bias form exactly.
 
+An encoding may also split the queries into groups (``query_groups``, PaPE's
+``frame_tile``): each group's queries are then transformed with every key and attended in
+their own SDPA call, and the outputs are put back in query order.
+
 Kernels: encodings without a bias run SDPA's fused kernels. A bias encoding that offers a
 FlexAttention ``score_mod`` runs on FlexAttention where that pays (CUDA, compiled), so
 the N x N bias is never stored; elsewhere the SDPA + dense-bias path runs, and it stays
@@ -18,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -95,6 +99,27 @@ def flex_attention_with_masks(
     return run_flex(q, k, v, scores, block_mask, scale)
 
 
+class QueryGroup(NamedTuple):
+    """Queries an encoding transforms together: their indices (None: all), q and k after the
+    transform, and the inputs restricted to those queries."""
+
+    rows: Tensor | None
+    q: Tensor
+    k: Tensor
+    inputs: AttentionInputs
+
+
+def group_mask(key: PositionLayout, causal: bool, rows: Tensor, n_q: int) -> Tensor | None:
+    """The (B or 1, 1, len(rows), Nk) boolean mask of the queries ``rows`` of Nq: key padding,
+    and causality aligned as ``attention_mask``'s (key j <= query i + Nk - Nq)."""
+    mask = None if key.valid is None else key.valid[:, None, None, :]
+    if causal:
+        n_k = key.coords.shape[1]
+        allowed = torch.arange(n_k, device=rows.device) <= rows[:, None] + (n_k - n_q)
+        mask = allowed[None, None] if mask is None else mask & allowed
+    return mask
+
+
 def attention_mask(
     bias: Tensor | None, key: PositionLayout, causal: bool, n_q: int, dtype: torch.dtype
 ) -> tuple[Tensor | None, bool]:
@@ -161,7 +186,38 @@ class Attention(nn.Module):
     def _project(
         self, x: Tensor, query: PositionLayout, context: Tensor | None, key: PositionLayout | None, causal: bool
     ) -> tuple[Tensor, Tensor, Tensor, AttentionInputs]:
-        """q, k (position-transformed), v and the encoding's inputs."""
+        """q, k (position-transformed), v and the encoding's inputs, all queries at once (an
+        encoding that groups its queries, see ``query_groups``, is transformed per group in
+        ``transformed_groups``)."""
+        q, k, v, inputs = self._raw_heads(x, query, context, key, causal)
+        if self.encoding is not None:
+            q, k = self.encoding.transform_qk(q, k, inputs)
+        return q, k, v, inputs
+
+    def transformed_groups(
+        self, x: Tensor, query: PositionLayout, context: Tensor | None, key: PositionLayout | None, causal: bool
+    ) -> tuple[list[QueryGroup], Tensor, AttentionInputs]:
+        """The position-transformed q and k of every group of queries the encoding transforms
+        together (one group, ``rows`` None, unless the encoding's ``query_groups`` splits
+        them), v, and the inputs of all queries."""
+        q, k, v, inputs = self._raw_heads(x, query, context, key, causal)
+        groups = None if self.encoding is None else self.encoding.query_groups(inputs)
+        if groups is None:
+            if self.encoding is not None:
+                q, k = self.encoding.transform_qk(q, k, inputs)
+            return [QueryGroup(None, q, k, inputs)], v, inputs
+        return [self.transform_group(q, k, inputs, rows) for rows in groups], v, inputs
+
+    def transform_group(self, q: Tensor, k: Tensor, inputs: AttentionInputs, rows: Tensor) -> QueryGroup:
+        """The encoding's transform of the queries ``rows`` (of the untransformed q) with every key."""
+        part = inputs.for_queries(rows)
+        q_rows, k_rows = self.encoding.transform_qk(q[:, :, rows], k, part)
+        return QueryGroup(rows, q_rows, k_rows, part)
+
+    def _raw_heads(
+        self, x: Tensor, query: PositionLayout, context: Tensor | None, key: PositionLayout | None, causal: bool
+    ) -> tuple[Tensor, Tensor, Tensor, AttentionInputs]:
+        """q, k, v split into heads (no position transform yet) and the encoding's inputs."""
         if self.cross:
             if context is None or key is None:
                 raise ValueError("cross-attention needs context tokens and their key layout")
@@ -170,10 +226,7 @@ class Attention(nn.Module):
         else:
             context, key = x, query
             q, k, v = (self._heads(t) for t in self.qkv(x).chunk(3, dim=-1))
-        inputs = AttentionInputs(x_q=x, x_k=context, query=query, key=key, causal=causal)
-        if self.encoding is not None:
-            q, k = self.encoding.transform_qk(q, k, inputs)
-        return q, k, v, inputs
+        return q, k, v, AttentionInputs(x_q=x, x_k=context, query=query, key=key, causal=causal)
 
     def _bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
         return None if self.encoding is None else self.encoding.bias(q, k, inputs)
@@ -192,31 +245,48 @@ class Attention(nn.Module):
         key: PositionLayout | None = None,
         causal: bool = False,
     ) -> Tensor:
-        q, k, v, inputs = self._project(x, query, context, key, causal)
-        scale = 1.0 / math.sqrt(self.head_dim)
+        groups, v, inputs = self.transformed_groups(x, query, context, key, causal)
+        if groups[0].rows is not None:
+            return self._merge_heads(self._grouped_attention(groups, v, inputs))
+        q, k = groups[0].q, groups[0].k
         score_mod = self._flex_score_mod(q, k, inputs)
         if score_mod is not None:
             mask_mod = self.encoding.mask_mod(inputs)
+            scale = 1.0 / math.sqrt(self.head_dim)
             out = flex_attention_with_masks(q, k, v, score_mod, inputs.key, causal, scale, mask_mod)
             return self._merge_heads(out)
         bias = self._bias(q, k, inputs)
         mask, is_causal = attention_mask(bias, inputs.key, causal, q.shape[-2], q.dtype)
+        return self._merge_heads(self._sdpa(q, k, v, mask, is_causal))
+
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+        """SDPA with the logit scale of the unwidened head; (B, H, Nq, head_dim)."""
         if v.shape[-1] != q.shape[-1] and q.device.type != "cuda":
             # Widened q/k (PaPE): the fused CPU kernels need equal q/k/v widths and otherwise
             # fall back to the math kernel, which materialises N x N. Zero columns in v keep
             # the fused path; they are sliced off the output again. CUDA's cuDNN and
             # memory-efficient kernels take a narrower v, which saves the padded PV product.
             v = F.pad(v, (0, q.shape[-1] - v.shape[-1]))
-        out = F.scaled_dot_product_attention(
+        return F.scaled_dot_product_attention(
             q,
             k,
             v,
             attn_mask=mask,
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=is_causal,
-            scale=scale,
+            scale=1.0 / math.sqrt(self.head_dim),
         )[..., : self.head_dim]
-        return self._merge_heads(out)
+
+    def _grouped_attention(self, groups: list[QueryGroup], v: Tensor, inputs: AttentionInputs) -> Tensor:
+        """One SDPA call per group of queries, every key in each; outputs back in query order.
+        Grouping encodings have no bias (``query_groups``), so only padding and causality mask."""
+        n_q, outs = inputs.query.coords.shape[1], []
+        for group in groups:
+            if self.encoding.bias(group.q, group.k, group.inputs) is not None:
+                raise NotImplementedError(f"{type(self.encoding).__name__}: query groups with a bias")
+            outs.append(self._sdpa(group.q, group.k, v, group_mask(inputs.key, inputs.causal, group.rows, n_q), False))
+        order = torch.cat([group.rows for group in groups])
+        return torch.cat(outs, dim=2)[:, :, torch.argsort(order)]
 
     def _merge_heads(self, out: Tensor) -> Tensor:
         b, _, n, _ = out.shape
@@ -234,14 +304,25 @@ class Attention(nn.Module):
 
         This builds the N x N matrix explicitly; training never calls it.
         """
-        q, k, _, inputs = self._project(x, query, context, key, causal)
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
-        mask, is_causal = attention_mask(self._bias(q, k, inputs), inputs.key, causal, q.shape[-2], scores.dtype)
-        if is_causal:
-            n_q, n_k = scores.shape[-2:]
-            mask = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril(n_k - n_q)
-        if mask is None:
-            return scores
-        if mask.dtype == torch.bool:
-            return scores.masked_fill(~mask, float("-inf"))
-        return scores + mask
+        groups, _, inputs = self.transformed_groups(x, query, context, key, causal)
+        n_q = inputs.query.coords.shape[1]
+        parts = []
+        for group in groups:
+            q, k = group.q, group.k
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+            if group.rows is not None:
+                mask = group_mask(inputs.key, inputs.causal, group.rows, n_q)
+                parts.append(scores if mask is None else scores.masked_fill(~mask, float("-inf")))
+                continue
+            bias = self._bias(q, k, inputs)
+            mask, is_causal = attention_mask(bias, inputs.key, causal, q.shape[-2], scores.dtype)
+            if is_causal:
+                n_k = scores.shape[-1]
+                mask = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril(n_k - n_q)
+            if mask is None:
+                return scores
+            if mask.dtype == torch.bool:
+                return scores.masked_fill(~mask, float("-inf"))
+            return scores + mask
+        order = torch.cat([group.rows for group in groups])
+        return torch.cat(parts, dim=2)[:, :, torch.argsort(order)]

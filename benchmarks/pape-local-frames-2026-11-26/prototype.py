@@ -1,4 +1,4 @@
-"""Prototype (not an encoding option): PaPE's efficient form with one frame per query tile.
+"""Prototype of PaPE's ``frame_tile`` (written before it): one frame per query tile.
 
 Question: the bf16 error of the efficient form (forward with rounded features, and the
 backward whatever the forward does; README "PaPE in bf16") grows with |s| / |Δs|, the

@@ -437,21 +437,53 @@ def header() -> str:
 
 # --- PaPE's widened q/k in 16-bit: softmax accuracy against float64 ---------------------
 
-#: (column label, encoding options, autocast dtype or None) of ``pape_precision_table``.
+#: frame_tile of the table's tiled variant: 4 x 4 queries per frame.
+PRECISION_TILE = 4
+#: (column label, encoding options, autocast dtype or None) of ``pape_precision_table``;
+#: an encoding without an option a variant sets gets plain autocast in that column.
 PRECISION_VARIANTS = (
     ("float32", {}, None),
     ("bf16 round", {"low_precision": "round"}, torch.bfloat16),
     ("bf16 split", {"low_precision": "split"}, torch.bfloat16),
+    ("bf16 tiles", {"low_precision": "round", "frame_tile": PRECISION_TILE}, torch.bfloat16),
 )
+
+
+def _query_groups(layer: Attention, x: torch.Tensor, layout: PositionLayout, rows: torch.Tensor, autocast):
+    """(query indices, q, k, v) per group of the sampled ``rows`` that the layer's encoding
+    transforms together (``frame_tile``), one group at a time: q and k are projected again
+    for every group, so that each group's graph (and its keys' widened features, one copy
+    per group) is freed before the next."""
+    context = torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None)
+    with context:
+        q, k, v, inputs = layer._raw_heads(x, layout, None, None, False)
+    groups = None if layer.encoding is None else layer.encoding.query_groups(inputs)
+    if groups is None:
+        with context:
+            q, k, v, _ = layer._project(x, layout, None, None, False)
+        yield rows, q[:, :, rows], k, v
+        return
+    sampled = torch.zeros(x.shape[1], dtype=torch.bool)
+    sampled[rows] = True
+    for group_rows in groups:
+        chosen = group_rows[sampled[group_rows]]
+        if len(chosen):
+            with context:
+                q, k, v, inputs = layer._raw_heads(x, layout, None, None, False)
+                group = layer.transform_group(q, k, inputs, chosen)
+            yield chosen, group.q, group.k, v
 
 
 def _attention_probabilities(layer: Attention, x: torch.Tensor, layout: PositionLayout, rows: torch.Tensor, autocast):
     """Softmax of the widened-q/k logits of the query ``rows``, as an attention kernel forms
-    them: products of the (possibly 16-bit) features exact, sums wide (here float64)."""
-    with torch.no_grad(), torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-        q, k, _, _ = layer._project(x, layout, None, None, False)
-    logits = q[:, :, rows].double() @ k.double().transpose(-1, -2) / math.sqrt(layer.head_dim)
-    return logits.softmax(-1)
+    them: products of the (possibly 16-bit) features exact, sums wide (here float64). Each
+    group of queries (``frame_tile``) with its own keys' features."""
+    out = torch.empty(1, layer.num_heads, x.shape[1], x.shape[1], dtype=torch.float64)
+    with torch.no_grad():
+        for query_ids, q, k, _ in _query_groups(layer, x, layout, rows, autocast):
+            logits = q.double() @ k.double().transpose(-1, -2) / math.sqrt(layer.head_dim)
+            out[:, :, query_ids] = logits.softmax(-1)
+    return out[:, :, rows]
 
 
 def _kernel_gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, upstream: torch.Tensor, scale: float):
@@ -484,12 +516,12 @@ def _gradient_errors(layer: Attention, reference: Attention, x, layout, layout64
 
     def gradients(attention: Attention, tokens, positions, cast) -> dict[str, torch.Tensor]:
         attention.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=cast or torch.bfloat16, enabled=cast is not None):
-            q, k, v, _ = attention._project(tokens, positions, None, None, False)
-        q_rows = q[:, :, rows]
-        upstream = torch.randn(q_rows.shape[:-1] + (v.shape[-1],), generator=torch.Generator().manual_seed(1))
-        d_q, d_k = _kernel_gradients(q_rows, k, v.detach(), upstream, 1.0 / math.sqrt(attention.head_dim))
-        torch.autograd.backward([q_rows, k], [d_q, d_k])
+        n, scale = tokens.shape[1], 1.0 / math.sqrt(attention.head_dim)
+        shape = (1, attention.num_heads, n, attention.head_dim)
+        upstream = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+        for query_ids, q, k, v in _query_groups(attention, tokens, positions, rows, cast):
+            d_q, d_k = _kernel_gradients(q, k, v.detach(), upstream[:, :, query_ids], scale)
+            torch.autograd.backward([q, k], [d_q, d_k])
         return {name: p.grad.double() for name, p in attention.named_parameters() if p.grad is not None}
 
     got, exact = gradients(layer, x, layout, autocast), gradients(reference, x.double(), layout64, None)
@@ -515,7 +547,9 @@ def pape_precision_table(
     """Softmax total variation (mean and max over heads and sampled query rows) of PaPE's
     efficient form on side x side grids (plus a CLS token), against the same weights in
     float64, for each of ``PRECISION_VARIANTS``: float32, and bf16 autocast with the widened
-    features rounded to bf16 (the old formulation) or split into hi + lo pairs (pape.py).
+    features rounded to bf16 (the old formulation), split into hi + lo pairs (pape.py's
+    default), or rounded in a frame per tile of 4 x 4 queries (``frame_tile``; encodings
+    without that option get no such column).
     Beside it, ``grad``: the relative L2 error of the gradients that reach the encoding's
     parameters through q and k (a loss on the sampled rows, ``_kernel_gradients``' model of
     a 16-bit attention backward), and ``content grad``: the same for the qkv weight.
@@ -532,7 +566,7 @@ def pape_precision_table(
     rows = []
     for method in methods:
         parsed = parse_method(method)
-        has_variants = "low_precision" in get_encoding(parsed.name).Options.model_fields
+        fields = get_encoding(parsed.name).Options.model_fields
         for side in sides:
             torch.manual_seed(seed)
             geometry = Geometry(pos_dim=2, grid_shape=(side, side), num_prefix_tokens=1)
@@ -541,8 +575,10 @@ def pape_precision_table(
             query_rows = torch.randperm(side * side + 1)[:queries]
             layers = {}
             for label, options, _ in PRECISION_VARIANTS:
-                variant = options if has_variants else {}
-                encoding = build_encoding(parsed.name, geometry, dim, heads, 1, {**dict(parsed.options), **variant})
+                known = {key: value for key, value in options.items() if key in fields}
+                if known and len(known) < len(options):
+                    continue  # a formulation this encoding does not have (e.g. frame_tile): no column
+                encoding = build_encoding(parsed.name, geometry, dim, heads, 1, {**dict(parsed.options), **known})
                 layers[label] = Attention(dim, heads, encoding.make_layer(0)).eval()
                 if len(layers) > 1:
                     layers[label].load_state_dict(next(iter(layers.values())).state_dict())
@@ -550,19 +586,21 @@ def pape_precision_table(
             layout64 = layout.with_coords(layout.coords.double())
             reference = _attention_probabilities(reference_layer, x.double(), layout64, query_rows, None)
             row: dict[str, object] = {"method": method, "grid": f"{side}x{side}"}
-            for label, _, autocast in PRECISION_VARIANTS:
+            measured = [(label, autocast) for label, _, autocast in PRECISION_VARIANTS if label in layers]
+            for label, autocast in measured:
                 probabilities = _attention_probabilities(layers[label], x, layout, query_rows, autocast)
                 tv = 0.5 * (probabilities - reference).abs().sum(-1)
                 row[f"{label} mean"], row[f"{label} max"] = float(tv.mean()), float(tv.max())
-            for label, _, autocast in PRECISION_VARIANTS:
+            for label, autocast in measured:
                 errors = _gradient_errors(
                     layers[label], reference_layer, x, layout, layout64, query_rows, autocast
                 )  # fmt: skip
                 row[f"{label} grad"] = errors["positional"]
-                if label == PRECISION_VARIANTS[-1][0]:
+                if label == "bf16 split":  # the default formulation's content gradient: the floor
                     row["bf16 content grad"] = errors["content"]
             rows.append(row)
-    return pd.DataFrame(rows).set_index(["method", "grid"])
+    table = pd.DataFrame(rows).set_index(["method", "grid"])
+    return table[[c for c in table.columns if c != "bf16 content grad"] + ["bf16 content grad"]]
 
 
 # --- Throughput (img/s) per encoding, against nopos and against a FLOP-model bound ------

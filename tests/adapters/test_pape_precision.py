@@ -103,3 +103,19 @@ def test_gradients_through_the_widened_heads(precision):
         assert precision.loc[("pape", grid), "float32 grad"] < 1e-3
     assert precision.loc[("pape", "64x64"), "bf16 split grad"] > 0.3
     assert precision.loc[("pape", "64x64"), "bf16 split grad"] > 3 * precision.loc[("pape", "14x14"), "bf16 split grad"]
+
+
+def test_a_frame_per_tile_of_queries_keeps_forward_and_gradients_at_the_bf16_floor(precision):
+    """``frame_tile``: with the narrow rounded features, the softmax stays near the content
+    logits' own rounding and the positional gradients near the content gradients' own, at
+    every grid (the error follows the tile, not the grid); the global frame's gradients
+    do not (previous test)."""
+    for grid in ("14x14", "64x64"):
+        row = precision.loc[("pape", grid)]
+        floor = precision.loc[("nopos", grid), "bf16 split mean"]
+        assert row["bf16 tiles mean"] < 4 * floor, (grid, row["bf16 tiles mean"])
+        assert row["bf16 tiles grad"] < 3 * row["bf16 content grad"], (grid, row["bf16 tiles grad"])
+    assert (
+        precision.loc[("pape", "64x64"), "bf16 tiles grad"] < 0.1 * precision.loc[("pape", "64x64"), "bf16 split grad"]
+    )
+    assert precision.loc[("pape-ri", "14x14"), ["bf16 tiles mean", "bf16 tiles grad"]].isna().all()  # no frame_tile
