@@ -305,24 +305,26 @@ class Attention(nn.Module):
         This builds the N x N matrix explicitly; training never calls it.
         """
         groups, _, inputs = self.transformed_groups(x, query, context, key, causal)
-        n_q = inputs.query.coords.shape[1]
-        parts = []
+        if groups[0].rows is None:
+            return self._masked_logits(groups[0].q, groups[0].k, inputs)
+        n_q, parts = inputs.query.coords.shape[1], []
         for group in groups:
-            q, k = group.q, group.k
-            scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
-            if group.rows is not None:
-                mask = group_mask(inputs.key, inputs.causal, group.rows, n_q)
-                parts.append(scores if mask is None else scores.masked_fill(~mask, float("-inf")))
-                continue
-            bias = self._bias(q, k, inputs)
-            mask, is_causal = attention_mask(bias, inputs.key, causal, q.shape[-2], scores.dtype)
-            if is_causal:
-                n_k = scores.shape[-1]
-                mask = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril(n_k - n_q)
-            if mask is None:
-                return scores
-            if mask.dtype == torch.bool:
-                return scores.masked_fill(~mask, float("-inf"))
-            return scores + mask
+            scores = (group.q @ group.k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+            mask = group_mask(inputs.key, inputs.causal, group.rows, n_q)
+            parts.append(scores if mask is None else scores.masked_fill(~mask, float("-inf")))
         order = torch.cat([group.rows for group in groups])
         return torch.cat(parts, dim=2)[:, :, torch.argsort(order)]
+
+    def _masked_logits(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        """q . k / sqrt(head_dim) plus the encoding's bias, with padding and causality as -inf."""
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        n_q = q.shape[-2]
+        mask, is_causal = attention_mask(self._bias(q, k, inputs), inputs.key, inputs.causal, n_q, scores.dtype)
+        if is_causal:
+            n_k = scores.shape[-1]
+            mask = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril(n_k - n_q)
+        if mask is None:
+            return scores
+        if mask.dtype == torch.bool:
+            return scores.masked_fill(~mask, float("-inf"))
+        return scores + mask
