@@ -85,7 +85,42 @@ from .base import (
 from .registry import register
 
 
-class PaPEOptions(EncodingOptions):
+class WidenedFormOptions(EncodingOptions):
+    """What PaPE's and PaPE-RI's options share: the efficient form's frames (module doc). Each
+    declares the fields ``form``, ``pad_to``, ``low_precision`` and ``frame_tile`` itself,
+    in the order its messages list them (PaPE's ``m`` first)."""
+
+    @model_validator(mode="after")
+    def _tiles_need_the_efficient_form(self) -> WidenedFormOptions:
+        if self.frame_tile is not None and self.form == "explicit":
+            raise ValueError(
+                "frame_tile applies to form 'efficient' only (the explicit form has no frame"
+                " to move: it takes r_j - r_i directly); drop frame_tile or use form: efficient"
+            )
+        return self
+
+    @property
+    def tiled(self) -> bool:
+        return self.frame_tile is not None and self.form == "efficient"
+
+
+def frame_coords(options: WidenedFormOptions, inputs: AttentionInputs, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Query and key positions in the efficient form's frame: centred on this tile's queries
+    with ``frame_tile``, else on the keys."""
+    if options.tiled:
+        return group_centred_coords(inputs, dtype)
+    return key_centred_coords(inputs, dtype)
+
+
+def frame_tiles(options: WidenedFormOptions, inputs: AttentionInputs) -> list[Tensor] | None:
+    """``frame_tile``'s tiles of queries (once per forward), each attended in its own frame."""
+    if not options.tiled:
+        return None
+    edge = options.frame_tile
+    return shared_per_forward(inputs, ("query-tiles", edge), lambda: grid_tiles(inputs.query, edge))
+
+
+class PaPEOptions(WidenedFormOptions):
     m: int = Field(50, ge=1)
     form: Literal["efficient", "explicit"] = "efficient"
     quadratic: bool = True
@@ -100,15 +135,6 @@ class PaPEOptions(EncodingOptions):
     #: frame_tile^P tokens without a grid) its own frame, centred on its queries (None: one
     #: frame for all queries, centred on the keys). See the module doc, "Frames".
     frame_tile: int | None = Field(None, ge=1)
-
-    @model_validator(mode="after")
-    def _tiles_need_the_efficient_form(self) -> PaPEOptions:
-        if self.frame_tile is not None and self.form == "explicit":
-            raise ValueError(
-                "pape: frame_tile applies to form 'efficient' only (the explicit form has no frame"
-                " to move: it takes r_j - r_i directly); drop frame_tile or use form: efficient"
-            )
-        return self
 
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -192,20 +218,13 @@ class ParabolicLayer(LayerEncoding):
     def _frame(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         """Projected query and key positions in a shared frame: centred on the keys, or with
         ``frame_tile`` on this tile's queries (``inputs`` then holds one tile's queries)."""
-        if self.options.frame_tile is not None and self.options.form == "efficient":
-            r_q, r_k = group_centred_coords(inputs, self.frame_dtype(inputs))
-        else:
-            r_q, r_k = key_centred_coords(inputs, self.frame_dtype(inputs))
+        r_q, r_k = frame_coords(self.options, inputs, self.frame_dtype(inputs))
         s_q = self.project(r_q)
         s_k = s_q if r_k is r_q else self.project(r_k)
         return s_q, s_k
 
     def query_groups(self, inputs: AttentionInputs) -> list[Tensor] | None:
-        """``frame_tile``'s tiles of queries (once per forward), each attended in its own frame."""
-        edge = self.options.frame_tile
-        if edge is None or self.options.form != "efficient":
-            return None
-        return shared_per_forward(inputs, ("query-tiles", edge), lambda: grid_tiles(inputs.query, edge))
+        return frame_tiles(self.options, inputs)
 
     def _coefficients_for_queries(self, inputs: AttentionInputs) -> tuple[Tensor | None, Tensor | None]:
         a, b = self.coefficients(inputs.x_q)

@@ -25,7 +25,9 @@ Two forms, selected by ``form``:
   low-precision arithmetic; the official code uses the raw positions.
   With 16-bit q/k the same cancellation α_i(|s_i|^2 + |s_j|^2 - 2 s_i·s_j) would happen in
   bf16; ``low_precision`` "split" (default) carries the extra features as hi + lo 16-bit
-  pairs so that it happens in the kernel's float32 accumulator, as pape.py's ``widen_heads``.
+  pairs so that it happens in the kernel's float32 accumulator, as pape.py's ``widen_heads``;
+  ``frame_tile`` gives each tile of queries its own frame, for exact gradients in 16 bits
+  too (pape.py's "Frames").
 * ``explicit``: α_i w_p^2 ||r_j - r_i||^2 built directly as a (B, H, Nq, Nk) bias from the
   pairwise distances (independently of the factorisation above): the test oracle.
 
@@ -60,18 +62,20 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle, key_centred_coords
-from .pape import widen_heads
+from .base import AttentionInputs, LayerEncoding, PositionEncoding, Principle
+from .pape import WidenedFormOptions, frame_coords, frame_tiles, widen_heads
 from .registry import register
 
 
-class PaPERIOptions(EncodingOptions):
+class PaPERIOptions(WidenedFormOptions):
     form: Literal["efficient", "explicit"] = "efficient"
     pad_to: int = Field(8, ge=1)
     #: official: frozen w_p ~ U(±1/sqrt(P)) (the authors' code); geometric: learnable 2^(-4h/H).
     wp_init: Literal["official", "geometric"] = "official"
     #: widened features with 16-bit q/k: "split" (hi + lo, float32-accurate) or "round" (pape.py).
     low_precision: Literal["split", "round"] = "split"
+    #: efficient form: a frame per tile of frame_tile cells per grid axis (pape.py's "Frames").
+    frame_tile: int | None = Field(None, ge=1)
 
 
 class ParabolicRILayer(LayerEncoding):
@@ -98,11 +102,16 @@ class ParabolicRILayer(LayerEncoding):
 
         Zeroing (rather than multiplying) keeps stray values of CLS/padding rows out entirely.
         """
-        # At least float32 (squares of positions), float64 when the positions are.
-        r_q, r_k = key_centred_coords(inputs, torch.promote_types(inputs.query.coords.dtype, torch.float32))
+        # At least float32 (squares of positions), float64 when the positions are; centred on
+        # the keys, or with frame_tile on this tile's queries (pape.py's "Frames").
+        dtype = torch.promote_types(inputs.query.coords.dtype, torch.float32)
+        r_q, r_k = frame_coords(self.options, inputs, dtype)
         q_pos = torch.where(inputs.query.has_pos.unsqueeze(-1), r_q, 0.0)
         k_pos = q_pos if r_k is r_q else torch.where(inputs.key.has_pos.unsqueeze(-1), r_k, 0.0)
         return q_pos, k_pos
+
+    def query_groups(self, inputs: AttentionInputs) -> list[Tensor] | None:
+        return frame_tiles(self.options, inputs)
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         if self.options.form == "explicit":

@@ -19,16 +19,21 @@ from pe_bench.harness.conformance import measure
 DIM, HEADS = 32, 4
 
 
-def _pair(geometry: Geometry, tile: int, seed: int) -> tuple[Attention, Attention]:
+#: the encodings with ``frame_tile`` and their options here (PaPE at a small m)
+TILED = {"pape": {"m": 6}, "pape-ri": {"wp_init": "geometric"}}
+
+
+def _pair(method: str, geometry: Geometry, tile: int, seed: int, cross: bool = False) -> tuple[Attention, Attention]:
     """The same weights as the tiled efficient form and as the explicit bias, in float64."""
     layers = []
-    for options in ({"m": 6, "frame_tile": tile}, {"m": 6, "form": "explicit"}):
+    for options in ({"frame_tile": tile}, {"form": "explicit"}):
         torch.manual_seed(seed)
-        encoding = build("pape", geometry, DIM, HEADS, 1, options)
-        layers.append(Attention(DIM, HEADS, encoding.make_layer(0)).double())
+        encoding = build(method, geometry, DIM, HEADS, 1, {**TILED[method], **options})
+        layers.append(Attention(DIM, HEADS, encoding.make_layer(0), cross=cross).double())
     return layers[0], layers[1]
 
 
+@pytest.mark.parametrize("method", sorted(TILED))
 @settings(max_examples=30, deadline=None)
 @given(
     grid=st.lists(st.integers(1, 5), min_size=1, max_size=3),
@@ -38,10 +43,10 @@ def _pair(geometry: Geometry, tile: int, seed: int) -> tuple[Attention, Attentio
     padded=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_tiled_frames_equal_the_explicit_bias(grid, tile, prefix, causal, padded, seed):
+def test_tiled_frames_equal_the_explicit_bias(method, grid, tile, prefix, causal, padded, seed):
     grid = tuple(grid)
     geometry = Geometry(pos_dim=len(grid), grid_shape=grid, num_prefix_tokens=prefix)
-    tiled, explicit = _pair(geometry, tile, seed)
+    tiled, explicit = _pair(method, geometry, tile, seed)
     layout = PositionLayout.grid(2, grid, prefix)
     n = layout.coords.shape[1]
     layout = layout.with_coords(layout.coords.double() * 1.7 + 3.0)  # scaled, off the origin
@@ -59,13 +64,10 @@ def test_tiled_frames_equal_the_explicit_bias(grid, tile, prefix, causal, padded
     )
 
 
-def test_tiled_frames_in_cross_attention():
+@pytest.mark.parametrize("method", sorted(TILED))
+def test_tiled_frames_in_cross_attention(method):
     geometry = Geometry(pos_dim=2, grid_shape=(4, 5), num_prefix_tokens=1)
-    layers = []
-    for options in ({"m": 6, "frame_tile": 2}, {"m": 6, "form": "explicit"}):
-        torch.manual_seed(0)
-        encoding = build("pape", geometry, DIM, HEADS, 1, options)
-        layers.append(Attention(DIM, HEADS, encoding.make_layer(0), cross=True).double())
+    layers = _pair(method, geometry, 2, 0, cross=True)
     query = PositionLayout.grid(2, (4, 5), 1)
     query = query.with_coords(query.coords.double())
     key = PositionLayout(
@@ -94,13 +96,15 @@ def test_without_a_grid_tiles_are_chunks_of_consecutive_tokens():
     assert [t.tolist() for t in grid_tiles(layout, 2)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
-def test_frame_tile_is_for_the_efficient_form_only():
+@pytest.mark.parametrize("method", sorted(TILED))
+def test_frame_tile_is_for_the_efficient_form_only(method):
     with pytest.raises(ValueError, match="frame_tile applies to form 'efficient' only"):
-        build("pape", Geometry(pos_dim=2, grid_shape=(4, 4)), DIM, HEADS, 1, {"form": "explicit", "frame_tile": 2})
+        build(method, Geometry(pos_dim=2, grid_shape=(4, 4)), DIM, HEADS, 1, {"form": "explicit", "frame_tile": 2})
 
 
-def test_tiled_pape_passes_the_conformance_suite():
-    report = measure("pape", {"frame_tile": 2})
+@pytest.mark.parametrize("method", sorted(TILED))
+def test_tiled_forms_pass_the_conformance_suite(method):
+    report = measure(method, {"frame_tile": 2})
     assert report.passed, report.format()
 
 
