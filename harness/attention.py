@@ -245,10 +245,12 @@ class Attention(nn.Module):
         key: PositionLayout | None = None,
         causal: bool = False,
     ) -> Tensor:
-        groups, v, inputs = self.transformed_groups(x, query, context, key, causal)
-        if groups[0].rows is not None:
-            return self._merge_heads(self._grouped_attention(groups, v, inputs))
-        q, k = groups[0].q, groups[0].k
+        q, k, v, inputs = self._raw_heads(x, query, context, key, causal)
+        groups = None if self.encoding is None else self.encoding.query_groups(inputs)
+        if groups is not None:
+            return self._merge_heads(self._grouped_attention(q, k, v, inputs, groups))
+        if self.encoding is not None:
+            q, k = self.encoding.transform_qk(q, k, inputs)
         score_mod = self._flex_score_mod(q, k, inputs)
         if score_mod is not None:
             mask_mod = self.encoding.mask_mod(inputs)
@@ -277,16 +279,21 @@ class Attention(nn.Module):
             scale=1.0 / math.sqrt(self.head_dim),
         )[..., : self.head_dim]
 
-    def _grouped_attention(self, groups: list[QueryGroup], v: Tensor, inputs: AttentionInputs) -> Tensor:
-        """One SDPA call per group of queries, every key in each; outputs back in query order.
-        Grouping encodings have no bias (``query_groups``), so only padding and causality mask."""
-        n_q, outs = inputs.query.coords.shape[1], []
-        for group in groups:
+    def _grouped_attention(
+        self, q: Tensor, k: Tensor, v: Tensor, inputs: AttentionInputs, groups: list[Tensor]
+    ) -> Tensor:
+        """One SDPA call per group of queries (``query_groups``), every key in each, outputs
+        back in query order. Each group is transformed just before its call, so without
+        autograd only one group's transformed keys exist at a time. Grouping encodings have
+        no bias, so only padding and causality mask."""
+        n_q, outs = q.shape[-2], []
+        for rows in groups:
+            group = self.transform_group(q, k, inputs, rows)
             if self.encoding.bias(group.q, group.k, group.inputs) is not None:
                 raise NotImplementedError(f"{type(self.encoding).__name__}: query groups with a bias")
-            outs.append(self._sdpa(group.q, group.k, v, group_mask(inputs.key, inputs.causal, group.rows, n_q), False))
-        order = torch.cat([group.rows for group in groups])
-        return torch.cat(outs, dim=2)[:, :, torch.argsort(order)]
+            mask = group_mask(inputs.key, inputs.causal, rows, n_q)
+            outs.append(self._sdpa(group.q, group.k, v, mask, False))
+        return torch.cat(outs, dim=2)[:, :, torch.argsort(torch.cat(groups))]
 
     def _merge_heads(self, out: Tensor) -> Tensor:
         b, _, n, _ = out.shape
