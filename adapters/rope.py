@@ -62,7 +62,11 @@ class RotationTables(NamedTuple):
 
 def rotation_tables(angles: Tensor, dtype: torch.dtype) -> RotationTables:
     """(B, 1 or H, N, F) angles -> the tables ``rotate`` applies, in ``dtype``."""
-    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    return pair_tables(angles.cos().to(dtype), angles.sin().to(dtype))
+
+
+def pair_tables(cos: Tensor, sin: Tensor) -> RotationTables:
+    """Per-pair cosines and sines (B, 1 or H, N, F) -> per-channel tables (c, c) and (-s, s)."""
     return RotationTables(cos.repeat_interleave(2, dim=-1), torch.stack([-sin, sin], dim=-1).flatten(-2))
 
 
@@ -89,7 +93,7 @@ def rotate(t: Tensor, tables: RotationTables) -> Tensor:
 
 def rotate_pairs(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """``rotate`` by (B, 1 or H, N, F) cosines and sines in t's dtype (one-off rotations)."""
-    return rotate(t, RotationTables(cos.repeat_interleave(2, dim=-1), torch.stack([-sin, sin], dim=-1).flatten(-2)))
+    return rotate(t, pair_tables(cos, sin))
 
 
 def rotate_qk(q: Tensor, k: Tensor, q_angles: Tensor, k_angles: Tensor) -> tuple[Tensor, Tensor]:

@@ -190,9 +190,15 @@ class Attention(nn.Module):
         encoding that groups its queries, see ``query_groups``, is transformed per group in
         ``transformed_groups``)."""
         q, k, v, inputs = self._raw_heads(x, query, context, key, causal)
-        if self.encoding is not None:
-            q, k = self.encoding.transform_qk(q, k, inputs)
-        return q, k, v, inputs
+        return *self.transform(q, k, inputs), v, inputs
+
+    def transform(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        """The encoding's q/k transform of all queries (identity without an encoding)."""
+        return (q, k) if self.encoding is None else self.encoding.transform_qk(q, k, inputs)
+
+    def query_groups(self, inputs: AttentionInputs) -> list[Tensor] | None:
+        """The encoding's groups of queries (``LayerEncoding.query_groups``), None: all at once."""
+        return None if self.encoding is None else self.encoding.query_groups(inputs)
 
     def transformed_groups(
         self, x: Tensor, query: PositionLayout, context: Tensor | None, key: PositionLayout | None, causal: bool
@@ -201,11 +207,9 @@ class Attention(nn.Module):
         together (one group, ``rows`` None, unless the encoding's ``query_groups`` splits
         them), v, and the inputs of all queries."""
         q, k, v, inputs = self._raw_heads(x, query, context, key, causal)
-        groups = None if self.encoding is None else self.encoding.query_groups(inputs)
+        groups = self.query_groups(inputs)
         if groups is None:
-            if self.encoding is not None:
-                q, k = self.encoding.transform_qk(q, k, inputs)
-            return [QueryGroup(None, q, k, inputs)], v, inputs
+            return [QueryGroup(None, *self.transform(q, k, inputs), inputs)], v, inputs
         return [self.transform_group(q, k, inputs, rows) for rows in groups], v, inputs
 
     def transform_group(self, q: Tensor, k: Tensor, inputs: AttentionInputs, rows: Tensor) -> QueryGroup:
@@ -246,11 +250,10 @@ class Attention(nn.Module):
         causal: bool = False,
     ) -> Tensor:
         q, k, v, inputs = self._raw_heads(x, query, context, key, causal)
-        groups = None if self.encoding is None else self.encoding.query_groups(inputs)
+        groups = self.query_groups(inputs)
         if groups is not None:
             return self._merge_heads(self._grouped_attention(q, k, v, inputs, groups))
-        if self.encoding is not None:
-            q, k = self.encoding.transform_qk(q, k, inputs)
+        q, k = self.transform(q, k, inputs)
         score_mod = self._flex_score_mod(q, k, inputs)
         if score_mod is not None:
             mask_mod = self.encoding.mask_mod(inputs)

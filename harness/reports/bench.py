@@ -457,10 +457,10 @@ def _query_groups(layer: Attention, x: torch.Tensor, layout: PositionLayout, row
     context = torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None)
     with context:
         q, k, v, inputs = layer._raw_heads(x, layout, None, None, False)
-    groups = None if layer.encoding is None else layer.encoding.query_groups(inputs)
+        groups = layer.query_groups(inputs)
+        if groups is None:
+            q, k = layer.transform(q, k, inputs)
     if groups is None:
-        with context:
-            q, k, v, _ = layer._project(x, layout, None, None, False)
         yield rows, q[:, :, rows], k, v
         return
     sampled = torch.zeros(x.shape[1], dtype=torch.bool)
