@@ -66,6 +66,16 @@ class Geometry:
         return self.grid_shape is not None
 
 
+def padding_mask(valid: Tensor) -> Tensor | None:
+    """A (B, N) validity mask as a layout's ``valid``: None when nothing is padded, so SDPA
+    keeps its mask-free kernels. Compiled (``trainer.compile``), the mask is kept as it is:
+    testing it there is a data-dependent graph break and a wait for the GPU, and an all-True
+    mask changes no result."""
+    if torch.compiler.is_compiling() or not bool(valid.all()):
+        return valid
+    return None
+
+
 @dataclass
 class PositionLayout:
     """Positions of one token sequence, as the attention layers see them.

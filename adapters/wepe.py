@@ -83,7 +83,21 @@ def lattice_points(omega1: Tensor, omega2: Tensor, num_terms: int) -> Tensor:
     omega1, omega2: complex scalars (half-periods). At least ``num_terms`` points: the cut
     is extended to the end of the shell of equal modulus it falls in, so the set is closed
     under l -> -l (and under the lattice's rotations). Differentiable in the half-periods;
-    only the choice of points (an integer selection) is made without gradients.
+    only the choice of points (an integer selection, ``lattice_indices``) is made without
+    gradients.
+    """
+    index = lattice_indices(omega1.detach(), omega2.detach(), num_terms)
+    return 2 * index[:, 0].to(omega1.dtype) * omega1 + 2 * index[:, 1].to(omega2.dtype) * omega2
+
+
+@torch.compiler.disable
+def lattice_indices(omega1: Tensor, omega2: Tensor, num_terms: int) -> Tensor:
+    """(K, 2) integers (m, n) of the points ``lattice_points`` keeps, in its order.
+
+    How many points complete the last shell depends on the learned half-period's value, so
+    this runs eagerly (``torch.compiler.disable``): it is the one graph break of a compiled
+    WePE model, made here on purpose rather than by Dynamo at every ``.item()`` below
+    (tests/harness/test_compile.py checks that no other break exists).
     """
     with torch.no_grad():
         p1, p2 = (2 * omega1).abs().item(), (2 * omega2).abs().item()
@@ -92,19 +106,17 @@ def lattice_points(omega1: Tensor, omega2: Tensor, num_terms: int) -> Tensor:
         area = abs((2 * omega1 * (2 * omega2).conj()).imag.item())
         radius = math.sqrt(num_terms * area / math.pi) * 1.5 + max(p1, p2)
         m_max, n_max = math.ceil(radius / p1) + 1, math.ceil(radius / p2) + 1
-    m = torch.arange(-m_max, m_max + 1, device=omega1.device)
-    n = torch.arange(-n_max, n_max + 1, device=omega1.device)
-    mm, nn_ = torch.meshgrid(m, n, indexing="ij")
-    mm, nn_ = mm.flatten(), nn_.flatten()
-    keep = (mm != 0) | (nn_ != 0)
-    mm, nn_ = mm[keep], nn_[keep]
-    points = 2 * mm.to(omega1.dtype) * omega1 + 2 * nn_.to(omega2.dtype) * omega2
-    with torch.no_grad():
-        modulus = points.abs()
+        m = torch.arange(-m_max, m_max + 1, device=omega1.device)
+        n = torch.arange(-n_max, n_max + 1, device=omega1.device)
+        mm, nn_ = torch.meshgrid(m, n, indexing="ij")
+        mm, nn_ = mm.flatten(), nn_.flatten()
+        keep = (mm != 0) | (nn_ != 0)
+        mm, nn_ = mm[keep], nn_[keep]
+        modulus = (2 * mm.to(omega1.dtype) * omega1 + 2 * nn_.to(omega2.dtype) * omega2).abs()
         order = torch.argsort(modulus, stable=True)
         cut = modulus[order[num_terms - 1]]
         count = int((modulus <= cut * (1 + 1e-9) + 1e-12).sum().item())
-    return points[order[:count]]
+        return torch.stack([mm, nn_], dim=-1)[order[:count]]
 
 
 def weierstrass(z: Tensor, lattice: Tensor, pole_eps: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:

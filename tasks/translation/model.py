@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout
+from pe_bench.adapters.base import padding_mask
 from pe_bench.harness.blocks import DecoderBlock, EncoderBlock
 from pe_bench.harness.config import ModelConfig
 
@@ -136,7 +137,7 @@ class Seq2SeqTransformer(nn.Module):
         return PositionLayout(
             coords=coords,
             has_pos=torch.ones(b, n, dtype=torch.bool, device=tokens.device),
-            valid=None if bool(valid.all()) else valid,
+            valid=padding_mask(valid),
             grid_shape=self.geometry.grid_shape,
         )
 

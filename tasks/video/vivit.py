@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout
+from pe_bench.adapters.base import padding_mask
 from pe_bench.harness.config import ModelConfig
 from pe_bench.tasks._shared.vit import TokenClassifier, prepend_token
 
@@ -68,10 +69,10 @@ class ViViT(TokenClassifier):
         grid = tuple(tokens.shape[2:])
         x = prepend_token(self.cls_token, tokens.flatten(2).transpose(1, 2))
         layout = PositionLayout.grid(x.shape[0], grid, 1, device=x.device)
-        if batch.steps is not None and bool((batch.steps < grid[0]).any()):
+        if batch.steps is not None:
             # Row-major (t, y, x): the first steps * H' * W' tokens are the real tubelets.
             step_of_token = torch.arange(grid[0], device=x.device).repeat_interleave(grid[1] * grid[2])
             valid = step_of_token[None] < batch.steps.to(x.device)[:, None]
             valid = torch.cat([torch.ones_like(valid[:, :1]), valid], dim=1)
-            layout = replace(layout, valid=valid)
+            layout = replace(layout, valid=padding_mask(valid))
         return self.head(self.encoder(x, layout)[:, 0])

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import Tensor
 
 from pe_bench.adapters import EncodingFactory
+from pe_bench.adapters.registry import available
 from pe_bench.harness.attention import attention_kernel
 from pe_bench.harness.compile import compile_enabled, maybe_compile
 from pe_bench.harness.config import ConfigError, ModelConfig, TrainerConfig, load_run_config, parse_overrides
+from pe_bench.harness.grid.methods import parse_method
 from pe_bench.tasks._shared.vit import ViT, image_geometry
 
 TINY = ModelConfig(dim=32, depth=2, num_heads=4, mlp_ratio=2.0, patch_size=4)
@@ -74,6 +77,45 @@ def test_compiled_rope_computes_its_rotation_tables_once_for_all_layers():
     # AOTAutograd compiles for it holds a single cos
     assert counters["stats"]["unique_graphs"] == 1
     assert cosines and set(cosines) == {1}
+
+
+#: every registered encoding, plus the option variants that take other code paths
+COMPILED_SPECS = [*available(), "pape[form=explicit]", "pape[low_precision=round]", "wepe[mode=lut]"]
+
+
+def _training_step(model: ViT, images: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    torch.manual_seed(1)  # CAPE draws its augmentation in training
+    out = model(images)
+    out.square().mean().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out.detach(), grads
+
+
+@pytest.mark.parametrize("spec", COMPILED_SPECS)
+def test_every_encoding_trains_compiled_in_one_graph(spec):
+    """``trainer.compile`` is on by default on CUDA: a graph break splits the model into
+    graphs that inductor cannot fuse across (and a data-dependent one syncs with the GPU), so
+    every encoding's training step must trace as one graph and compute what eager does,
+    outputs and gradients. WePE is the exception: its lattice's size depends on a learned
+    period's value, and its one break (``lattice_indices``) is asserted to be the only one."""
+    method = parse_method(spec)
+    model = _vit(method.name, **dict(method.options)).train()
+    images = torch.randn(2, 3, 16, 16)
+    eager = _training_step(model, images)
+    torch._dynamo.reset()
+    if method.name == "wepe":
+        explained = torch._dynamo.explain(model)(images)
+        assert explained.break_reasons
+        assert {reason.user_stack[-1].name for reason in explained.break_reasons} == {"lattice_points"}
+        maybe_compile(model, TrainerConfig(compile=True), backend="aot_eager")
+    else:
+        maybe_compile(model, TrainerConfig(compile=True), backend="aot_eager", fullgraph=True)
+    compiled = _training_step(model, images)
+    torch.testing.assert_close(compiled[0], eager[0], atol=1e-5, rtol=1e-5)
+    assert compiled[1].keys() == eager[1].keys()
+    for name, grad in eager[1].items():
+        torch.testing.assert_close(compiled[1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.gpu
