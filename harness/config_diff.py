@@ -13,6 +13,11 @@ present in one file only is common. It is no difference only where that is prova
   sets a new field must not reuse cells trained before the field existed).
 
 Anything else one-sided (an unknown key, a free-form ``data`` or ``options`` key) differs.
+
+The ``effective`` section (how ``trainer``'s settings took effect where a cell ran: precision,
+compile and world size after ``auto`` resolved; grid/runner.py's ``effective_trainer``) is
+compared only between two files that both hold it: a requested configuration has not run
+yet, and cells stored before the section existed do not say how they ran.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from .config import RETIRED_KEYS, OptimConfig, TrainerConfig, model_config_for
 RESULT_NEUTRAL_KEYS = frozenset({"trainer.logger"})
 TYPED_SECTIONS = ("model", "optim", "trainer")
 ABSENT = object()  # a key the file does not hold
+EFFECTIVE = "effective"  # config.yaml's section of how the trainer's settings resolved
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -95,7 +101,9 @@ def config_differences(task: str, mine: dict[str, Any], theirs: dict[str, Any]) 
     a, b = result_keys(mine), result_keys(theirs)
     differences = []
     for key in sorted(set(a) | set(b)):
-        if (key in a) != (key in b) and one_sided_is_no_change(task, key, a.get(key, b.get(key))):
+        if (key in a) != (key in b) and (
+            key.startswith(f"{EFFECTIVE}.") or one_sided_is_no_change(task, key, a.get(key, b.get(key)))
+        ):
             continue
         mine_value, their_value = a.get(key, ABSENT), b.get(key, ABSENT)
         if mine_value is ABSENT or their_value is ABSENT or canonical(mine_value) != canonical(their_value):

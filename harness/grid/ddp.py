@@ -44,16 +44,11 @@ REQUEST = "ddp-request.json"  # what the ranks fit; removed once they are done
 SUMMARY = "fit.json"  # what rank 0 reports back; removed once read
 
 
-def launches_ranks(trainer: TrainerConfig) -> bool:
-    """Whether a cell with these trainer settings runs in several processes that pe-bench starts.
-
-    Lightning resolves ``devices`` (``auto`` is every GPU), the strategy and the cluster
-    environment; a probe Trainer (built, never run) asks it. Ranks started by a cluster
-    launcher (torchrun, SLURM tasks) are already separate processes: they are left to it.
-    """
-    import lightning as L
-
-    probe = L.Trainer(
+def probe_trainer(trainer: TrainerConfig) -> Trainer:
+    """A Trainer built from ``trainer``'s device settings and never run: how Lightning resolves
+    the accelerator, ``devices`` (``auto`` is every GPU), the strategy and the cluster
+    environment on this machine."""
+    return Trainer(
         accelerator=trainer.accelerator,
         devices=trainer.devices,
         strategy=trainer.strategy,
@@ -63,6 +58,16 @@ def launches_ranks(trainer: TrainerConfig) -> bool:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
+
+
+def launches_ranks(trainer: TrainerConfig) -> bool:
+    """Whether a cell with these trainer settings runs in several processes that pe-bench starts.
+
+    Lightning resolves ``devices`` (``auto`` is every GPU), the strategy and the cluster
+    environment; a probe Trainer (``probe_trainer``) asks it. Ranks started by a cluster
+    launcher (torchrun, SLURM tasks) are already separate processes: they are left to it.
+    """
+    probe = probe_trainer(trainer)
     if probe.world_size <= 1:
         return False
     environment = getattr(probe.strategy, "cluster_environment", None)

@@ -29,9 +29,9 @@ from pe_bench.adapters import EncodingFactory
 from pe_bench.adapters.base import positional_parameters
 from pe_bench.tasks import Task, get_task
 
-from ..compile import maybe_compile
+from ..compile import compile_enabled, maybe_compile
 from ..config import RunConfig, deep_merge, load_run_config, profile_section
-from ..config_diff import ABSENT, config_differences
+from ..config_diff import ABSENT, EFFECTIVE, config_differences
 from ..module import DivergedError
 from ..reports.tables import write_extra_tables
 from . import ddp, store
@@ -100,6 +100,19 @@ def resolve_precision(config: RunConfig) -> str:
         return config.trainer.precision
     on_gpu = torch.cuda.is_available() and config.trainer.accelerator in ("auto", "gpu", "cuda")
     return "bf16-mixed" if on_gpu else "32-true"
+
+
+def effective_trainer(config: RunConfig) -> dict[str, Any]:
+    """How the cell's ``trainer`` settings took effect on the machine that trains it, stored
+    in its config.yaml as ``effective``. ``auto`` (the default of precision, compile and
+    devices) means bf16 and compiled on a GPU but fp32 and eager on a CPU, and every GPU of
+    the machine (DDP: a larger global batch): two cells asking for the same configuration can
+    have run differently, which the tables must be able to show (harness/config_diff.py)."""
+    return {
+        "precision": resolve_precision(config),
+        "compile": compile_enabled(config.trainer),
+        "world_size": ddp.probe_trainer(config.trainer).world_size,
+    }
 
 
 def _model_parts(task: Task, make_encoding: EncodingFactory, seed: int) -> tuple[Any, Any, Any]:
@@ -334,6 +347,7 @@ def _train_into(
             }  # what the ranks of a DDP cell rebuild it from
             result = _train_and_test(task, make_encoding, seed, staging, request.progress, run_name, request.out, cell)
             environment = store.environment()  # as the cell ran (threads included)
+            effective = effective_trainer(config)
     except Exception as err:  # the grid must go on: record why this cell has no result
         status = store.STATUS_DIVERGED if isinstance(err, DivergedError) else store.STATUS_FAILED
         record = store.CellRecord(
@@ -345,7 +359,8 @@ def _train_into(
         store.write_record(staging, record)
         return record
     options = dict(make_encoding.options)
-    (staging / store.CONFIG).write_text(yaml.safe_dump(resolved_config(config, method, options), sort_keys=False))
+    stored_config = resolved_config(config, method, options) | {EFFECTIVE: effective}
+    (staging / store.CONFIG).write_text(yaml.safe_dump(stored_config, sort_keys=False))
     store.write_json_atomic(staging / "env.json", environment)
     scale = task.score_scale
     best_val = result["best_val"]

@@ -32,6 +32,7 @@ from pe_bench.harness.grid import store
 from pe_bench.tasks import get_task
 
 from ..config import RunConfig
+from ..config_diff import EFFECTIVE
 
 
 def parse_resolutions(text: str) -> list[tuple[int, int]]:
@@ -130,6 +131,7 @@ def load_cell(directory: Path, data_root: Path | None):
     resolved = yaml.safe_load((directory / "config.yaml").read_text())
     encoding, options = resolved.pop("encoding"), resolved.pop("options")
     resolved.pop("method")
+    resolved.pop(EFFECTIVE, None)  # how the trainer's settings resolved in training: a record, not a setting
     config = RunConfig(**resolved)
     task = get_task(config.task)(config, data_root)
     model = task.build_model(EncodingFactory(encoding, options))

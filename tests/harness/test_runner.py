@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 from pe_bench.adapters import PositionEncoding, registry
@@ -179,6 +180,10 @@ def test_finished_cells_of_another_configuration_are_not_reused(tmp_path, capsys
     err = capsys.readouterr().err
     assert "another configuration" in err and "data.tta_delta: absent stored, 4 requested" in err
     assert run(tmp_path, "nopos", "--set", "trainer.num_workers=0") == 0  # the profile's value: no change
+    # how "auto" resolved on this CPU; the request (not run yet) has no such section: reused
+    config = yaml.safe_load((store.cell_dir(tmp_path, "imagenet", "nopos", 0) / "config.yaml").read_text())
+    assert config["trainer"]["precision"] == "auto" and config["trainer"]["compile"] == "auto"
+    assert config["effective"] == {"precision": "32-true", "compile": False, "world_size": 1}
     threads = torch.get_num_threads()
     wanted = 2 if threads == 1 else 1  # differs from the current setting, so the check can fail
     assert run(tmp_path, "rope", "--set", f"trainer.threads={wanted}") == 0
@@ -188,6 +193,8 @@ def test_finished_cells_of_another_configuration_are_not_reused(tmp_path, capsys
     stored = {"task": "imagenet", "model": {"dim": 32}, "data": {"a": 1}}
     # A field added since the cell ran counts only away from its default (the old behaviour).
     assert stored_config_differences(stored, {**stored, "model": {"dim": 32, "dropout": 0.0}}) == []
+    effective = {"precision": "bf16-mixed", "compile": True, "world_size": 8}
+    assert stored_config_differences({**stored, "effective": effective}, stored) == []
     assert stored_config_differences(
         stored, {**stored, "model": {"dim": 64, "dropout": 0.1}, "data": {"a": 1, "b": 2}}
     ) == [

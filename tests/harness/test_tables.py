@@ -172,6 +172,25 @@ def test_a_cell_of_another_configuration_is_marked_and_named(tmp_path):
     assert r"85.00 $^\dagger$" in (tmp_path / "table.tex").read_text()
 
 
+def test_cells_whose_auto_settings_took_effect_otherwise_are_marked(tmp_path):
+    """``trainer.precision: auto`` is bf16 on a GPU and fp32 on a CPU: the same configuration
+    asked, another one run. Each cell's ``effective`` section says how it ran; a cell stored
+    before the section existed says nothing and is not marked."""
+    on_cpu = {"precision": "32-true", "compile": False, "world_size": 1}
+    on_gpu = {"precision": "bf16-mixed", "compile": True, "world_size": 1}
+    for method, score in (("pape", 80.0), ("rope", 75.0)):
+        stored(tmp_path, "imagenet", method, 0, score, cfg=config("imagenet", method) | {"effective": on_cpu})
+    stored(tmp_path, "imagenet", "alibi", 0, 85.0, cfg=config("imagenet", "alibi") | {"effective": on_gpu})
+    stored(tmp_path, "imagenet", "nopos", 0, 10.0)  # written before config.yaml had the section
+    markdown = write_tables(tmp_path)
+    assert "| 85.00 † " in markdown and "**80.00**" in markdown
+    assert (
+        "imagenet/alibi/seed0: effective.compile=true (others: false), "
+        "effective.precision=bf16-mixed (others: 32-true)" in markdown
+    )
+    assert "nopos" not in markdown.split("†", 2)[-1]
+
+
 def test_config_differences_follow_the_runner_rules():
     mine = tables.result_config(config("imagenet", "pape", data={"train_size": 100}, trainer={"threads": 4}))
     reference = tables.result_config(config("imagenet", "rope"))
