@@ -385,7 +385,8 @@ def key_centred_coords(inputs: AttentionInputs, dtype: torch.dtype = torch.float
 
 
 def _key_centred_coords(inputs: AttentionInputs, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    query, key = inputs.query, inputs.key
+    shared = first_sample_if_shared(inputs)
+    query, key = shared.query, shared.key
     origin = masked_mean(key.coords.to(dtype), key.positioned)
     r_q = query.coords.to(dtype) - origin
     r_k = r_q if key is query else key.coords.to(dtype) - origin
@@ -433,8 +434,9 @@ def key_centred_layouts(inputs: AttentionInputs, dtype: torch.dtype) -> tuple[Po
     """Query and key layouts with positions relative to the mean positioned key (see module doc)."""
     dtype = torch.promote_types(inputs.query.coords.dtype, dtype)
     r_q, r_k = key_centred_coords(inputs, dtype)
-    query = inputs.query.with_coords(r_q)
-    key = query if inputs.key is inputs.query else inputs.key.with_coords(r_k)
+    shared = first_sample_if_shared(inputs)
+    query = shared.query.with_coords(r_q)
+    key = query if shared.key is shared.query else shared.key.with_coords(r_k)
     return query, key
 
 

@@ -77,6 +77,7 @@ from .base import (
     PositionEncoding,
     Principle,
     ScoreMod,
+    first_sample_if_shared,
     grid_tiles,
     group_centred_coords,
     key_centred_coords,
@@ -164,10 +165,11 @@ def widen_heads(
 def _joined_and_padded(parts: list[Tensor], multiple: int) -> Tensor:
     """``parts`` concatenated along the head, then zero columns up to a multiple of ``multiple``
     (fused kernels prefer it), in one copy."""
+    lead = parts[0].shape[:-1]
     pad = -sum(t.shape[-1] for t in parts) % multiple
     if pad:
-        parts = [*parts, parts[0].new_zeros(*parts[0].shape[:-1], pad)]
-    return torch.cat(parts, dim=-1)
+        parts = [*parts, parts[0].new_zeros(*lead, pad)]
+    return torch.cat([t.expand(*lead, -1) for t in parts], dim=-1)
 
 
 class ParabolicLayer(LayerEncoding):
@@ -260,7 +262,7 @@ class ParabolicLayer(LayerEncoding):
         # (a and b zeroed, as in ``bias``), set once on the joined features.
         q_extra = torch.cat(q_parts, dim=-1) * inputs.query.has_pos[:, None, :, None]
         # Keys without a position contribute nothing positional: zero their extra features.
-        k_extra = torch.cat(k_parts, dim=-1) * inputs.key.has_pos[:, None, :, None]
+        k_extra = torch.cat(k_parts, dim=-1) * first_sample_if_shared(inputs).key.has_pos[:, None, :, None]
         split = self.options.low_precision == "split"
         return widen_heads(q, k, q_extra, k_extra, split, self.options.pad_to)
 
@@ -281,7 +283,9 @@ class ParabolicLayer(LayerEncoding):
     def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod | None:
         if self.options.form != "explicit":
             return None  # the efficient form has no bias: it runs on SDPA's fused kernels
-        s_q, s_k = self._frame(inputs)
+        # Indexed per sample inside the kernel: positions shared by the batch (one sample,
+        # first_sample_if_shared) are expanded back, a view.
+        s_q, s_k = (s.expand(q.shape[0], -1, -1, -1) for s in self._frame(inputs))
         a, b = self._coefficients_for_queries(inputs)
         has_k, scale, zero = inputs.key.has_pos, 1.0 / math.sqrt(q.shape[-1]), s_q.new_zeros(())
 

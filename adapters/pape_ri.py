@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from .base import AttentionInputs, LayerEncoding, PositionEncoding, Principle
+from .base import AttentionInputs, LayerEncoding, PositionEncoding, Principle, first_sample_if_shared
 from .pape import WidenedFormOptions, frame_coords, frame_tiles, widen_heads
 from .registry import register
 
@@ -106,8 +106,9 @@ class ParabolicRILayer(LayerEncoding):
         # the keys, or with frame_tile on this tile's queries (pape.py's "Frames").
         dtype = torch.promote_types(inputs.query.coords.dtype, torch.float32)
         r_q, r_k = frame_coords(self.options, inputs, dtype)
-        q_pos = torch.where(inputs.query.has_pos.unsqueeze(-1), r_q, 0.0)
-        k_pos = q_pos if r_k is r_q else torch.where(inputs.key.has_pos.unsqueeze(-1), r_k, 0.0)
+        layouts = first_sample_if_shared(inputs)  # the flags of r's samples: one if all share them
+        q_pos = torch.where(layouts.query.has_pos.unsqueeze(-1), r_q, 0.0)
+        k_pos = q_pos if r_k is r_q else torch.where(layouts.key.has_pos.unsqueeze(-1), r_k, 0.0)
         return q_pos, k_pos
 
     def query_groups(self, inputs: AttentionInputs) -> list[Tensor] | None:
@@ -124,7 +125,7 @@ class ParabolicRILayer(LayerEncoding):
         q_extra = torch.cat([alpha * s_q.square().sum(-1, keepdim=True), alpha, -2 * alpha * s_q], dim=-1)
         k_extra = torch.cat([torch.ones_like(s_k[..., :1]), s_k.square().sum(-1, keepdim=True), s_k], dim=-1)
         # Keys without a position (CLS) contribute nothing positional.
-        k_extra = k_extra * inputs.key.has_pos[:, None, :, None]
+        k_extra = k_extra * first_sample_if_shared(inputs).key.has_pos[:, None, :, None]
         split = self.options.low_precision == "split"
         return widen_heads(q, k, q_extra, k_extra, split, self.options.pad_to)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pe_bench.adapters import EncodingFactory, PositionLayout
-from pe_bench.adapters.base import AttentionInputs, shared_per_forward
+from pe_bench.adapters.base import AttentionInputs, key_centred_coords, shared_per_forward
 from pe_bench.adapters.registry import available
 from pe_bench.harness.config import ModelConfig
 from pe_bench.harness.reports.op_count import OperatorCounter, operators_per_pass
@@ -143,3 +143,37 @@ def test_rope_forward_adds_few_operators_over_nopos():
     per_layer = 2 * 4  # flip, two muls, add for q and for k
     setup = 20  # centring, angles, cos/sin, casts, table layout: once per forward
     assert nopos + TINY.depth * per_layer <= rope <= nopos + TINY.depth * per_layer + setup
+
+
+@pytest.mark.parametrize("method", available())
+def test_positions_shared_by_the_batch_change_no_output(method, monkeypatch):
+    """A grid layout is expanded over the batch (stride 0), so position-only features are
+    built for one sample and broadcast (``first_sample_if_shared``); with every sample's
+    positions stored separately they are built per sample. Outputs are equal bit for bit;
+    gradients of position parameters (PaPE's W_p, learned frequencies) sum the samples in
+    another order, so they agree to rounding."""
+    model = _vit(method).train()
+    images = torch.randn(3, 3, 16, 16)
+    torch.manual_seed(1)
+    shared = _outputs_and_grads(model, images)
+    grid = PositionLayout.grid
+
+    def per_sample(*args, **kwargs) -> PositionLayout:
+        layout = grid(*args, **kwargs)
+        return PositionLayout(layout.coords.contiguous(), layout.has_pos.contiguous(), grid_shape=layout.grid_shape)
+
+    monkeypatch.setattr(PositionLayout, "grid", staticmethod(per_sample))
+    torch.manual_seed(1)
+    separate = _outputs_and_grads(model, images)
+    assert torch.equal(shared[0], separate[0])
+    for a, b in zip(shared[1:], separate[1:], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_key_centred_positions_of_a_shared_grid_are_built_once():
+    shared = PositionLayout.grid(4, (3, 3), 1)
+    separate = PositionLayout(shared.coords.contiguous(), shared.has_pos.contiguous(), grid_shape=(3, 3))
+    r_shared, _ = key_centred_coords(_inputs(shared))
+    r_separate, _ = key_centred_coords(_inputs(separate))
+    assert r_shared.shape == (1, 10, 2) and r_separate.shape == (4, 10, 2)
+    assert torch.equal(r_shared.expand(4, -1, -1), r_separate)
