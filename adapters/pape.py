@@ -154,8 +154,11 @@ def widen_heads(
     """
     if split and q.dtype in LOW_PRECISION:
         q_hi, k_hi = q_extra.to(q.dtype), k_extra.to(k.dtype)
-        q_lo = (q_extra - q_hi.to(q_extra.dtype)).to(q.dtype)
-        k_lo = (k_extra - k_hi.to(k_extra.dtype)).to(k.dtype)
+        # The gradient passes through hi alone (rounding taken as the identity): lo = f - hi
+        # has derivative 1 - 1 = 0 in f, which autograd would otherwise form as a sum of
+        # +g and -g, four operators more per side in the backward and a rounding error.
+        q_lo = (q_extra - q_hi.to(q_extra.dtype)).detach().to(q.dtype)
+        k_lo = (k_extra - k_hi.to(k_extra.dtype)).detach().to(k.dtype)
         q_parts, k_parts = [q, q_hi, q_hi, q_lo], [k, k_hi, k_lo, k_hi]
     else:
         q_parts, k_parts = [q, q_extra.to(q.dtype)], [k, k_extra.to(k.dtype)]

@@ -11,9 +11,13 @@ convolutions and attention; elementwise work (RoPE's rotation, softmax) is not c
 ``ops_fwd`` / ``ops_train`` count the computing operators (kernels; views left out) of one
 inference forward and one training forward + backward at batch 1 (``op_count.py``): the
 machine-independent figure behind eager per-operator overhead, which dominates small
-batches on a GPU. Peak memory on CPU is the peak resident set of a
-fresh subprocess per point above the bare interpreter with torch loaded (torch has no CPU
-allocator statistics), so it includes weights and inputs; on CUDA it is
+batches on a GPU; ``written_mib_train_b{B}`` the MiB their outputs take in one training
+forward + backward at the training batch: the figure behind an eager step's memory-bound
+elementwise work at large batches. Both count this device's path (on CPU the bias
+encodings' dense bias, PaPE's zero-padded v; autocast's casts of this device). Peak
+memory on CPU is the peak resident set of a fresh subprocess per point above the bare
+interpreter with torch loaded (torch has no CPU allocator statistics), so it includes
+weights and inputs; on CUDA it is
 ``max_memory_allocated`` during the forward.
 """
 
@@ -40,7 +44,7 @@ from pe_bench.adapters import build as build_encoding
 from pe_bench.adapters.base import positional_parameters
 from pe_bench.harness.attention import Attention
 from pe_bench.harness.config import ModelConfig
-from pe_bench.harness.reports.op_count import operators_per_pass
+from pe_bench.harness.reports.op_count import bytes_written_per_step, operators_per_pass
 from pe_bench.tasks._shared.vit import ViT, image_geometry
 
 MODELS: dict[str, tuple[ModelConfig, int]] = {
@@ -206,6 +210,10 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
         if not spec.compile:  # a compiled model runs fused kernels, not these operators
             with _autocast(spec.device):
                 row["ops_fwd"], row["ops_train"] = operators_per_pass(models[method], first[:1])
+                if spec.train_batch:
+                    images = torch.randn(spec.train_batch, 3, size, size, device=spec.device)
+                    written = bytes_written_per_step(models[method], images)
+                    row[f"written_mib_train_b{spec.train_batch}"] = round(written / 2**20, 1)
         rows.append(row)
     return pd.DataFrame(rows).set_index("method")
 

@@ -27,20 +27,32 @@ def _launches_work(func: torch._ops.OpOverload) -> bool:
 
 
 class OperatorCounter(TorchDispatchMode):
-    """Counts the computing operators dispatched inside the block, by name (``counts``)."""
+    """Counts the computing operators dispatched inside the block, by name (``counts``), and
+    the bytes their outputs take (``written``, by name): every computing operator writes its
+    outputs once, so at large batches, where an eager step's elementwise work is bound by
+    memory bandwidth, bytes written is the machine-independent figure behind its time."""
 
     def __init__(self) -> None:
         super().__init__()
         self.counts: Counter[str] = Counter()
+        self.written: Counter[str] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
         if _launches_work(func):
-            self.counts[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
+            name = str(func.overloadpacket)
+            self.counts[name] += 1
+            outputs = out if isinstance(out, tuple | list) else (out,)
+            self.written[name] += sum(t.numel() * t.element_size() for t in outputs if isinstance(t, torch.Tensor))
+        return out
 
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+    @property
+    def total_written(self) -> int:
+        return sum(self.written.values())
 
 
 def operators_per_pass(model: torch.nn.Module, inputs: torch.Tensor) -> tuple[int, int]:
@@ -53,3 +65,13 @@ def operators_per_pass(model: torch.nn.Module, inputs: torch.Tensor) -> tuple[in
         model(inputs).float().sum().backward()
     model.zero_grad(set_to_none=True)
     return forward.total, step.total
+
+
+def bytes_written_per_step(model: torch.nn.Module, inputs: torch.Tensor) -> int:
+    """Bytes the computing operators of one training forward + backward of ``model`` on
+    ``inputs`` write (loss on the summed outputs; no optimiser step)."""
+    model.train()
+    with OperatorCounter() as step:
+        model(inputs).float().sum().backward()
+    model.zero_grad(set_to_none=True)
+    return step.total_written

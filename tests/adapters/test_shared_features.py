@@ -11,7 +11,7 @@ from pe_bench.adapters import EncodingFactory, PositionLayout
 from pe_bench.adapters.base import AttentionInputs, key_centred_coords, shared_per_forward
 from pe_bench.adapters.registry import available
 from pe_bench.harness.config import ModelConfig
-from pe_bench.harness.reports.op_count import OperatorCounter, operators_per_pass
+from pe_bench.harness.reports.op_count import OperatorCounter, bytes_written_per_step, operators_per_pass
 from pe_bench.tasks._shared.vit import ViT, image_geometry
 
 TINY = ModelConfig(dim=32, depth=4, num_heads=4, mlp_ratio=2.0, patch_size=4)
@@ -132,6 +132,7 @@ def test_operator_counter_counts_kernels_not_views():
         assert counter.total == 0
         (y * 2).sum()
     assert dict(counter.counts) == {"aten.mul": 1, "aten.sum": 1}
+    assert dict(counter.written) == {"aten.mul": 4 * 6 * 4, "aten.sum": 4}  # float32 outputs
 
 
 def test_rope_forward_adds_few_operators_over_nopos():
@@ -177,3 +178,20 @@ def test_key_centred_positions_of_a_shared_grid_are_built_once():
     r_separate, _ = key_centred_coords(_inputs(separate))
     assert r_shared.shape == (1, 10, 2) and r_separate.shape == (4, 10, 2)
     assert torch.equal(r_shared.expand(4, -1, -1), r_separate)
+
+
+@pytest.mark.parametrize("method", ["pape", "rope-mixed", "string-cayley"])
+def test_positions_shared_by_the_batch_are_written_once(method, monkeypatch):
+    """The point of building a grid's position features for one sample: a training step
+    writes fewer bytes than with every sample's positions stored separately."""
+    model = _vit(method)
+    images = torch.randn(4, 3, 16, 16)
+    shared = bytes_written_per_step(model, images)
+    grid = PositionLayout.grid
+
+    def per_sample(*args, **kwargs) -> PositionLayout:
+        layout = grid(*args, **kwargs)
+        return PositionLayout(layout.coords.contiguous(), layout.has_pos.contiguous(), grid_shape=layout.grid_shape)
+
+    monkeypatch.setattr(PositionLayout, "grid", staticmethod(per_sample))
+    assert shared < 0.95 * bytes_written_per_step(model, images)
