@@ -11,10 +11,10 @@ convolutions and attention; elementwise work (RoPE's rotation, softmax) is not c
 ``ops_fwd`` / ``ops_train`` count the computing operators (kernels; views left out) of one
 inference forward and one training forward + backward at batch 1 (``op_count.py``): the
 machine-independent figure behind eager per-operator overhead, which dominates small
-batches on a GPU; ``written_mib_train_b{B}`` the MiB their outputs take in one training
-forward + backward at the training batch: the figure behind an eager step's memory-bound
-elementwise work at large batches. Both count this device's path (on CPU the bias
-encodings' dense bias, PaPE's zero-padded v; autocast's casts of this device). Peak
+batches on a GPU; ``written_mib_train_b{B}_bf16`` the MiB their outputs take in one
+bf16-autocast training forward + backward at the training batch: the figure behind an
+eager step's memory-bound elementwise work at large batches. Both count this device's
+path (on CPU the bias encodings' dense bias and PaPE's zero-padded v). Peak
 memory on CPU is the peak resident set of a fresh subprocess per point above the bare
 interpreter with torch loaded (torch has no CPU allocator statistics), so it includes
 weights and inputs; on CUDA it is
@@ -210,12 +210,18 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
         if not spec.compile:  # a compiled model runs fused kernels, not these operators
             with _autocast(spec.device):
                 row["ops_fwd"], row["ops_train"] = operators_per_pass(models[method], first[:1])
-                if spec.train_batch:
-                    images = torch.randn(spec.train_batch, 3, size, size, device=spec.device)
-                    written = bytes_written_per_step(models[method], images)
-                    row[f"written_mib_train_b{spec.train_batch}"] = round(written / 2**20, 1)
+            if spec.train_batch:
+                row[f"written_mib_train_b{spec.train_batch}_bf16"] = bf16_mib_written(models[method], size, spec)
         rows.append(row)
     return pd.DataFrame(rows).set_index("method")
+
+
+def bf16_mib_written(model: torch.nn.Module, size: int, spec: BenchSpec) -> float:
+    """MiB one bf16-autocast training step at ``spec.train_batch`` writes (``op_count.py``):
+    the setting GPU runs train in, also on CPU (CPU autocast's cast lists, close to CUDA's)."""
+    images = torch.randn(spec.train_batch, 3, size, size, device=spec.device)
+    with torch.autocast(torch.device(spec.device).type, dtype=torch.bfloat16):
+        return round(bytes_written_per_step(model, images) / 2**20, 1)
 
 
 def _cpu_flash_attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:

@@ -34,6 +34,9 @@ def test_forward_table_is_relative_to_nopos_and_counts_positional_parameters():
     assert table.loc["pape[m=4]", "pos_params"] == 4 * (2 * 4 * 4 * 64 + 4 * 4 * 2)
     assert table.loc["abspos", "pos_params"] == 64 * 6 * 6
     assert (table["peak_mib"] > 0).all()  # a fresh process holds at least the weights
+    # bytes a bf16 training step at batch 2 writes: PaPE's widened q/k and features add to nopos's
+    written = table["written_mib_train_b2_bf16"]
+    assert written["nopos"] > 0 and written["pape[m=4]"] > written["rope"] >= written["nopos"]
 
 
 def test_sweep_measures_each_point_in_a_fresh_process():
