@@ -249,10 +249,12 @@ class ParabolicLayer(LayerEncoding):
         q_parts, k_parts = [], [torch.ones_like(s_k[..., :1])]
         offset_q = linear_q = None
         if a is not None:
-            offset_q = (a * s_q.square()).sum(-1, keepdim=True)
-            linear_q = -(2 * a * s_q)
-            q_parts.append(a.to(s_q.dtype))
-            k_parts.append(s_k.square())
+            square = s_q.square()
+            offset_q = (a * square).sum(-1, keepdim=True)
+            # (a s) * -2 has the bits of -(2 a s): scaling by a power of two rounds alike.
+            linear_q = (a * s_q) * -2
+            q_parts.append(a)  # the concatenation casts it to the frame's dtype, exactly
+            k_parts.append(square if s_k is s_q else s_k.square())
         if b is not None:
             offset_b = (b * s_q).sum(-1, keepdim=True)
             offset_q = -offset_b if offset_q is None else offset_q - offset_b

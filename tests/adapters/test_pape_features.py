@@ -46,20 +46,26 @@ def _term_by_term(layer: ParabolicLayer, q, k, inputs: AttentionInputs):
     return F.pad(q_ext, (0, pad)), F.pad(k_ext, (0, pad))
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["grid", "per-sample"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("low_precision", ["split", "round"])
 @pytest.mark.parametrize("ablation", ABLATIONS, ids=lambda a: "-".join(k for k, v in a.items() if not v) or "full")
-def test_widened_heads_are_the_term_by_term_features(ablation, low_precision, dtype):
+def test_widened_heads_are_the_term_by_term_features(ablation, low_precision, dtype, shared):
+    """Also with the grid's positions shared by the batch (stride 0: the features of the
+    positions are built for one sample) and stored per sample."""
     torch.manual_seed(0)
     layer = ParabolicLayer(32, 4, 2, PaPEOptions(m=6, low_precision=low_precision, **ablation))
     wide = torch.float64 if dtype == torch.float64 else torch.float32
     layer = layer.to(wide)
-    grid = PositionLayout.grid(2, (4, 5), 1)  # a CLS token, then a scaled 4 x 5 grid
-    layout = grid.with_coords((grid.coords * 3.7).to(wide))
+    grid = PositionLayout.grid(2, (4, 5), 1, scale=3.7)  # a CLS token, then a scaled 4 x 5 grid
+    coords = grid.coords[:1].to(wide).expand(2, -1, -1)
+    layout = grid.with_coords(coords if shared else coords.contiguous())
+    assert (layout.coords.stride(0) == 0) == shared
     x = torch.randn(2, 21, 32, dtype=wide)
     inputs = AttentionInputs(x_q=x, x_k=x, query=layout, key=layout)
     q, k = (torch.randn(2, 4, 21, 8).to(dtype) for _ in range(2))
-    with torch.no_grad():
+    # bf16 under autocast, as training runs: a and b come out of W_ab in bf16
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         got, expected = layer.transform_qk(q, k, inputs), _term_by_term(layer, q, k, inputs)
     for g, e in zip(got, expected, strict=True):
         assert g.shape == e.shape and torch.equal(g, e)
