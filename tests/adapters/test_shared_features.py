@@ -146,6 +146,18 @@ def test_rope_forward_adds_few_operators_over_nopos():
     assert nopos + TINY.depth * per_layer <= rope <= nopos + TINY.depth * per_layer + setup
 
 
+def _per_sample(layout: PositionLayout) -> PositionLayout:
+    """``layout`` with every sample's positions and flags stored (no stride 0 over the batch)."""
+    return PositionLayout(layout.coords.contiguous(), layout.has_pos.contiguous(), grid_shape=layout.grid_shape)
+
+
+def _store_grid_positions_per_sample(monkeypatch) -> None:
+    """Backbones' grid layouts stored per sample, which defeats building them once per batch."""
+    grid = PositionLayout.grid
+    stored = staticmethod(lambda *args, **kwargs: _per_sample(grid(*args, **kwargs)))
+    monkeypatch.setattr(PositionLayout, "grid", stored)
+
+
 @pytest.mark.parametrize("method", available())
 def test_positions_shared_by_the_batch_change_no_output(method, monkeypatch):
     """A grid layout is expanded over the batch (stride 0), so position-only features are
@@ -157,13 +169,7 @@ def test_positions_shared_by_the_batch_change_no_output(method, monkeypatch):
     images = torch.randn(3, 3, 16, 16)
     torch.manual_seed(1)
     shared = _outputs_and_grads(model, images)
-    grid = PositionLayout.grid
-
-    def per_sample(*args, **kwargs) -> PositionLayout:
-        layout = grid(*args, **kwargs)
-        return PositionLayout(layout.coords.contiguous(), layout.has_pos.contiguous(), grid_shape=layout.grid_shape)
-
-    monkeypatch.setattr(PositionLayout, "grid", staticmethod(per_sample))
+    _store_grid_positions_per_sample(monkeypatch)
     torch.manual_seed(1)
     separate = _outputs_and_grads(model, images)
     assert torch.equal(shared[0], separate[0])
@@ -173,7 +179,7 @@ def test_positions_shared_by_the_batch_change_no_output(method, monkeypatch):
 
 def test_key_centred_positions_of_a_shared_grid_are_built_once():
     shared = PositionLayout.grid(4, (3, 3), 1)
-    separate = PositionLayout(shared.coords.contiguous(), shared.has_pos.contiguous(), grid_shape=(3, 3))
+    separate = _per_sample(shared)
     r_shared, _ = key_centred_coords(_inputs(shared))
     r_separate, _ = key_centred_coords(_inputs(separate))
     assert r_shared.shape == (1, 10, 2) and r_separate.shape == (4, 10, 2)
@@ -187,11 +193,5 @@ def test_positions_shared_by_the_batch_are_written_once(method, monkeypatch):
     model = _vit(method)
     images = torch.randn(4, 3, 16, 16)
     shared = bytes_written_per_step(model, images)
-    grid = PositionLayout.grid
-
-    def per_sample(*args, **kwargs) -> PositionLayout:
-        layout = grid(*args, **kwargs)
-        return PositionLayout(layout.coords.contiguous(), layout.has_pos.contiguous(), grid_shape=layout.grid_shape)
-
-    monkeypatch.setattr(PositionLayout, "grid", staticmethod(per_sample))
+    _store_grid_positions_per_sample(monkeypatch)
     assert shared < 0.95 * bytes_written_per_step(model, images)
