@@ -12,6 +12,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import yaml
 from tiny_grid import cli_command
 
 from pe_bench.harness.config import ConfigError, TrainerConfig, load_run_config
@@ -77,6 +78,8 @@ def test_a_two_rank_cell_runs_once_and_counts_every_sample_once(tmp_path):
     record = json.loads((cell / "result.json").read_text())
     assert sorted(record) == sorted(f.name for f in fields(store.CellRecord))  # what the store writes for any cell
     assert record["status"] == "ok" and record["best_epoch"] == 1
+    # how the cell ran, for the tables' check: two ranks (twice the global batch of one)
+    assert yaml.safe_load((cell / "config.yaml").read_text())["effective"]["world_size"] == 2
     with (cell / "metrics.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert [row["epoch"] for row in rows] == ["1"]
