@@ -13,8 +13,15 @@ rounding). Two efficient instantiations (Section 3.2), one file each:
                     footnote): the learnable orthogonal P acts *first*, RoPE second, and
                     the same P is used for q and k, so the score is (Pq)^T RoPE(r_j - r_i) (Pk).
                     (P applied after RoPE would cancel in the dot product and do nothing.)
-* string-circulant: L_k = C_k - C_k^T with C_k circulant; exp(Σ_k L_k r_k) is applied with
-                    the FFT (Theorem 3.5), on blocks of the head (Appendix E's block size).
+* string-circulant: L_k = C_k - C_k^T with C_k circulant, on blocks of the head (Appendix
+                    E's block size). Every such L_k is diagonalised by the same real Fourier
+                    basis F (Theorem 3.5's FFT form), exp(Σ_k L_k r_k) = F^T RoPE(r) F, and F^T
+                    cancels in the dot product as P's inverse would: the score is
+                    (Fq)^T RoPE(r_j - r_i) (Fk), with F fixed and the phases learned.
+
+Both are thus a basis change B (P or F) followed by a rotation of consecutive pairs, and one
+code path serves them: z -> rotate(B z), with the rotation tables built once per call for q
+and k (rope.py's ``rotate``).
 
 Both q/k transforms keep the head width and build no N x N tensor (fused-kernel friendly).
 Tokens without a position get R(0) = I (Cayley: still the position-free basis change P).
@@ -27,10 +34,12 @@ CLS.
 
 from __future__ import annotations
 
+import torch
 from pydantic import Field
 from torch import Tensor
 
 from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncoding, Principle, key_centred_layouts
+from .rope import rotate_qk
 from .rope_mixed import mixed_angles
 
 
@@ -40,17 +49,15 @@ class STRINGOptions(EncodingOptions):
 
 
 class STRINGLayer(LayerEncoding):
-    """z -> R(r) z for queries and keys, each with its own layout (they may differ).
+    """z -> RoPE(r) B z for queries and keys, each with its own layout (they may differ).
 
     Subclasses give ``generators``: the position-independent parts, computed once per call
-    and shared by q and k: a basis (or None) and (H, P, F) frequency vectors whose angles
-    <θ_f, r> (rope_mixed's ``mixed_angles``) drive the rotations; ``encode`` applies R.
+    and shared by q and k: the orthogonal basis B, (H, d, d) per head or (d, d) for all, and
+    (H, P, F) frequency vectors whose angles <θ_f, r> (rope_mixed's ``mixed_angles``) turn
+    the first F pairs of consecutive channels of B z.
     """
 
-    def generators(self) -> tuple[Tensor | None, Tensor]:
-        raise NotImplementedError
-
-    def encode(self, z: Tensor, angles: Tensor, basis: Tensor | None) -> Tensor:
+    def generators(self) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
@@ -58,7 +65,16 @@ class STRINGLayer(LayerEncoding):
         query, key = key_centred_layouts(inputs, frequencies.dtype)
         q_angles = mixed_angles(query, frequencies)
         k_angles = q_angles if key is query else mixed_angles(key, frequencies)
-        return self.encode(q, q_angles, basis), self.encode(k, k_angles, basis)
+        basis = basis.to(q.dtype)
+        return rotate_qk(in_basis(q, basis), in_basis(k, basis), q_angles, k_angles)
+
+
+def in_basis(z: Tensor, basis: Tensor) -> Tensor:
+    """B z for (B, H, N, d) z, B in z's dtype: one matrix product with a shared (d, d)
+    basis, one per head with an (H, d, d) basis."""
+    if basis.ndim == 2:
+        return z @ basis.T
+    return torch.einsum("hed,bhnd->bhne", basis, z)
 
 
 class STRINGEncoding(PositionEncoding):

@@ -23,7 +23,6 @@ from torch import Tensor, nn
 from ._string import STRINGEncoding, STRINGLayer, STRINGOptions
 from .base import LayerEncoding
 from .registry import register
-from .rope import rotate_pairs
 from .rope_mixed import mixed_frequencies, rope_levels
 
 
@@ -49,11 +48,7 @@ class CayleySTRINGLayer(STRINGLayer):
         self.frequencies = nn.Parameter(frequencies, requires_grad=learn_frequencies)
 
     def generators(self) -> tuple[Tensor, Tensor]:
-        return cayley(self.s_upper, self.head_dim), self.frequencies
-
-    def encode(self, z: Tensor, angles: Tensor, basis: Tensor | None) -> Tensor:
-        z = torch.einsum("hed,bhnd->bhne", basis.to(z.dtype), z)  # P z first, then the rotation
-        return rotate_pairs(z, angles.cos().to(z.dtype), angles.sin().to(z.dtype))
+        return cayley(self.s_upper, self.head_dim), self.frequencies  # P z first, then the rotation
 
 
 @register("string-cayley")

@@ -5,13 +5,21 @@ Generators L_k = C_k - C_k^T with C_k circulant, one per position axis k, per la
 z -> exp(Σ_k r_k L_k) z. As in the paper's experiments (Appendix E) the head is split into
 blocks of ``block_size`` channels, each with its own circulant generators (block-diagonal L_k).
 
-FFT form: an antisymmetric circulant with first column u (u[m] = c[m] - c[-m]) is
+Fourier form: an antisymmetric circulant with first column u (u[m] = c[m] - c[-m]) is
 diagonalised by the DFT with purely imaginary eigenvalues i φ, φ = Im(DFT u), so
 
-    exp(Σ_k r_k L_k) z = IDFT( exp(i Σ_k r_k φ_k) ⊙ DFT z ),
+    exp(Σ_k r_k L_k) z = IDFT( exp(i Σ_k r_k φ_k) ⊙ DFT z )    (Theorem 3.5's FFT form)
+                       = F^T RoPE(θ) F z,   θ = Σ_k r_k φ_k,
 
-computed per block with rfft/irfft in O(b log b). The DC and (even b) Nyquist components
-have φ = 0 and never rotate; the other b/2 - 1 (odd b: (b-1)/2) Fourier planes rotate.
+F the real orthonormal Fourier basis of each block (the DC row, a (sin, cos) row pair per
+rotating plane, the Nyquist row for even b; ``fourier_basis``), whose pairs RoPE turns by θ.
+Every block's L_k shares this F whatever u is: F is fixed, only the phases φ are learned.
+F^T cancels in the attention score, <F^T R_i F q, F^T R_j F k> = <R_i F q, R_j F k>, as
+P's inverse does for Cayley-STRING (_string.py), so q and k are encoded as RoPE(θ) F z:
+one (d x d) matrix product and a rotation, in the input's dtype (the FFT form ran in
+float32 with complex numbers, which neither 16-bit autocast nor compilers fuse). The DC
+and (even b) Nyquist rows have φ = 0 and never rotate; the other b/2 - 1 (odd b:
+(b-1)/2) planes rotate. ``fourier_basis`` and the FFT form give the same scores (tested).
 
 Parameters: u's free entries u[1..(b-1)//2] per block, axis and head (u[0] and u[b/2] are
 0 and u[-m] = -u[m] for any C - C^T, so these determine L_k exactly and each one gets a
@@ -26,6 +34,8 @@ CLS: as in _string.py, the identity at the centroid of the valid keys.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from pydantic import Field
@@ -59,6 +69,28 @@ def free_entries_for(phi: Tensor, block: int) -> Tensor:
     return torch.fft.irfft(spectrum, n=block, dim=-1)[..., 1 : n_free + 1]
 
 
+def fourier_basis(block: int, blocks: int) -> Tensor:
+    """The real orthonormal Fourier basis F of ``blocks`` blocks of ``block`` channels, (d, d):
+    first every block's rotating planes as (sin, cos) row pairs, plane k of block j turning
+    by the phase φ[j, k] (``phases``' order, DC left out), then every block's DC row, then
+    (even ``block``) every block's Nyquist row. With this row order RoPE(θ) F z is F times
+    the FFT form (module doc): (S, C) = (Σ z_m sin 2πkm/b, Σ z_m cos 2πkm/b) is turned by θ
+    exactly as multiplying the spectrum C - iS by e^{iθ} turns it."""
+    m = torch.arange(block, dtype=torch.float64)
+    turns = 2 * math.pi * torch.arange(1, (block - 1) // 2 + 1, dtype=torch.float64)[:, None] * m / block
+    pair_rows = math.sqrt(2.0 / block) * torch.stack([turns.sin(), turns.cos()], 1).flatten(0, 1)
+    kinds = [pair_rows, torch.full((1, block), block**-0.5, dtype=torch.float64)]  # the planes, DC
+    if block % 2 == 0:
+        kinds.append(((-1.0) ** m * block**-0.5)[None])  # Nyquist
+    basis = torch.zeros(blocks * block, blocks * block, dtype=torch.float64)
+    start = 0
+    for rows in kinds:  # every block's rows of one kind before the next kind
+        for j in range(blocks):
+            basis[start : start + rows.shape[0], j * block : (j + 1) * block] = rows
+            start += rows.shape[0]
+    return basis  # float64: STRINGLayer casts it to q's dtype once per call
+
+
 def initial_phases(num_heads: int, pos_dim: int, blocks: int, n_free: int, base: float) -> Tensor:
     """(H, P, blocks, n_free) axial-RoPE phases of the rotating planes (see module doc)."""
     planes = blocks * n_free
@@ -78,21 +110,11 @@ class CirculantSTRINGLayer(STRINGLayer):
         n_free = (block - 1) // 2
         phi = initial_phases(num_heads, pos_dim, self.blocks, n_free, base)
         self.u_free = nn.Parameter(free_entries_for(phi, block))  # (H, P, blocks, n_free)
+        self.register_buffer("basis", fourier_basis(block, self.blocks), persistent=False)
 
-    def generators(self) -> tuple[None, Tensor]:
-        phi = phases(self.u_free, self.block)  # (H, P, blocks, b//2 + 1)
-        return None, phi.flatten(-2)
-
-    def encode(self, z: Tensor, angles: Tensor, basis: Tensor | None) -> Tensor:
-        # angles: (B, H, N, blocks * (b//2 + 1)), the phase of every Fourier component.
-        # The FFT runs in at least float32 (half-precision FFTs are restricted and lossy).
-        dtype = torch.promote_types(z.dtype, torch.float32)
-        blocks = z.unflatten(-1, (self.blocks, self.block)).to(dtype)
-        spectrum = torch.fft.rfft(blocks, dim=-1)
-        angles = angles.to(dtype)
-        turn = torch.polar(torch.ones_like(angles), angles).unflatten(-1, (self.blocks, -1))
-        out = torch.fft.irfft(spectrum * turn, n=self.block, dim=-1)
-        return out.flatten(-2).to(z.dtype)
+    def generators(self) -> tuple[Tensor, Tensor]:
+        rotating = phases(self.u_free, self.block)[..., 1 : self.u_free.shape[-1] + 1]  # (H, P, blocks, n_free)
+        return self.basis, rotating.flatten(-2)
 
 
 @register("string-circulant")

@@ -1,4 +1,5 @@
-"""Circulant-STRING (string.txt 3.2, Theorem 3.5): z -> exp(Σ_k r_k (C_k - C_k^T)) z via the FFT."""
+"""Circulant-STRING (string.txt 3.2, Theorem 3.5): z -> exp(Σ_k r_k (C_k - C_k^T)) z, computed as
+RoPE in the fixed real Fourier basis of the blocks."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pe_bench.adapters import AttentionInputs, Geometry, PositionLayout, Principle, build
+from pe_bench.adapters._string import in_basis
+from pe_bench.adapters.rope import rotate_pairs
 from pe_bench.adapters.rope_mixed import mixed_angles
 from pe_bench.adapters.string_circulant import phases
 from pe_bench.harness.conformance.probes import (
@@ -46,8 +49,10 @@ def explicit_generators(layer, head_dim: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("pos_dim", "block"), [(1, 8), (2, 4), (3, 8), (2, 5)])
-def test_fft_form_equals_matrix_exponential(pos_dim, block):
-    """R(r) computed with the FFT is exp(Σ_k r_k L_k) with antisymmetric, commuting circulant L_k."""
+def test_fourier_form_is_the_matrix_exponential(pos_dim, block):
+    """q and k are encoded as T(r) z = RoPE(θ(r)) F z with the fixed real Fourier basis F; F^T T(r)
+    is exp(Σ_k r_k L_k) with the antisymmetric, commuting circulant L_k the entries define, so
+    scores are those of the matrix exponentials (F^T cancels in a dot product: F is orthogonal)."""
     head_dim = 40 if block == 5 else 8
     enc = build(
         "string-circulant", Geometry(pos_dim=pos_dim), head_dim * LAYER_HEADS, LAYER_HEADS, 1, {"block_size": block}
@@ -59,19 +64,18 @@ def test_fft_form_equals_matrix_exponential(pos_dim, block):
     torch.testing.assert_close(gens.transpose(-1, -2), -gens)
     if pos_dim > 1:
         torch.testing.assert_close(gens[:, 0] @ gens[:, 1], gens[:, 1] @ gens[:, 0])
-    # Encode the basis vectors e_1..e_d, all at position r: the outputs are R(r)'s columns.
+    basis, phi = layer.generators()
+    eye = torch.eye(head_dim, dtype=torch.float64)
+    torch.testing.assert_close(basis @ basis.T, eye)
+    # Encode the unit vectors e_1..e_d, all at position r: the outputs are T(r)'s columns.
+    # (transform_qk would first centre the positions: all at r -> all at 0.)
     r = torch.tensor([1.7, -0.4, 2.9][:pos_dim], dtype=torch.float64)
     layout = PositionLayout(coords=r.expand(1, head_dim, -1), has_pos=torch.ones(1, head_dim, dtype=torch.bool))
-    basis = torch.eye(head_dim, dtype=torch.float64).expand(1, LAYER_HEADS, -1, -1)
-    # encode() directly: transform_qk would first centre the positions (all at r -> all at 0).
-    _, phi = layer.generators()
-    out = layer.encode(basis, mixed_angles(layout, phi), None)
-    rot = out[0].transpose(-1, -2)  # (H, d, d)
-    expected = torch.linalg.matrix_exp(torch.einsum("k,hkij->hij", r, gens))
-    torch.testing.assert_close(rot, expected)
-    torch.testing.assert_close(
-        rot.transpose(-1, -2) @ rot, torch.eye(head_dim, dtype=torch.float64).expand(LAYER_HEADS, -1, -1)
-    )
+    angles = mixed_angles(layout, phi)
+    encoded = rotate_pairs(in_basis(eye.expand(1, LAYER_HEADS, -1, -1), basis), angles.cos(), angles.sin())
+    t = encoded[0].transpose(-1, -2)  # (H, d, d)
+    torch.testing.assert_close(basis.T @ t, torch.linalg.matrix_exp(torch.einsum("k,hkij->hij", r, gens)))
+    torch.testing.assert_close(t.transpose(-1, -2) @ t, eye.expand(LAYER_HEADS, -1, -1))
 
 
 @FAST
@@ -110,10 +114,10 @@ def test_padding_cls_and_gradients():
     layout, x = random_layout(2, 16, 2, prefix=2)
     assert_padding_inert(attn, layout, x)
     assert_cls_position_free(attn, layout, x, prefix=2)
-    # Position-free tokens are not transformed at all (R(0) = I).
+    # Position-free tokens get R(0) = I: the fixed basis change alone, which no score sees.
     z = torch.randn(2, LAYER_HEADS, x.shape[1], attn.head_dim, dtype=torch.float64)
     q, _ = attn.encoding.transform_qk(z, z, AttentionInputs(x_q=x, x_k=x, query=layout, key=layout))
-    torch.testing.assert_close(q[:, :, :2], z[:, :, :2])
+    torch.testing.assert_close(q[:, :, :2], z[:, :, :2] @ attn.encoding.basis.T.to(z.dtype))
     assert_all_parameters_learn(attn, layout, x)
     assert_all_parameters_learn(make_attention("string-circulant", 2, {"block_size": 4}), layout, x)
 
