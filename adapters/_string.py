@@ -24,7 +24,7 @@ code path serves them: z -> rotate(B z), with the rotation tables built once per
 and k (rope.py's ``rotate``).
 
 Both q/k transforms keep the head width and build no N x N tensor (fused-kernel friendly).
-Tokens without a position get R(0) = I (Cayley: still the position-free basis change P).
+Tokens without a position get R(0) = I, after the position-free basis change (P or F).
 As in rope_mixed, positions are first taken relative to the mean positioned key (exact for
 positioned pairs), so the CLS sits at the key centroid, not at the absolute origin, and a
 translation of all positions changes no logit, the CLS's included; masking keys moves the

@@ -30,7 +30,7 @@ axial RoPE's frequency ladder: plane j turns with axis j // levels at base^(-(j 
 levels), levels = planes // P (leftover planes start at 0 and may learn). By Theorem 3.4 this
 is exactly axial RoPE in the blockwise Fourier basis, the same start as Cayley-STRING.
 
-CLS: as in _string.py, the identity at the centroid of the valid keys.
+CLS: as in _string.py, the identity rotation at the centroid of the valid keys (after F, which no score sees).
 """
 
 from __future__ import annotations
