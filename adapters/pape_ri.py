@@ -122,8 +122,10 @@ class ParabolicRILayer(LayerEncoding):
         s_q = w_p * r_q.unsqueeze(1)  # (B, H, Nq, P)
         s_k = s_q if r_k is r_q else w_p * r_k.unsqueeze(1)
         alpha = self.alpha(inputs)
-        q_extra = torch.cat([alpha * s_q.square().sum(-1, keepdim=True), alpha, -2 * alpha * s_q], dim=-1)
-        k_extra = torch.cat([torch.ones_like(s_k[..., :1]), s_k.square().sum(-1, keepdim=True), s_k], dim=-1)
+        norm_q = s_q.square().sum(-1, keepdim=True)
+        norm_k = norm_q if s_k is s_q else s_k.square().sum(-1, keepdim=True)
+        q_extra = torch.cat([alpha * norm_q, alpha, -2 * alpha * s_q], dim=-1)
+        k_extra = torch.cat([torch.ones_like(s_k[..., :1]), norm_k, s_k], dim=-1)
         # Keys without a position (CLS) contribute nothing positional.
         k_extra = k_extra * first_sample_if_shared(inputs).key.has_pos[:, None, :, None]
         split = self.options.low_precision == "split"
