@@ -345,9 +345,9 @@ def _train_into(
                 "profile_section": request.profile_sections.get(base["task"]),
                 "data_root": None if request.data_root is None else str(request.data_root),
             }  # what the ranks of a DDP cell rebuild it from
+            effective = effective_trainer(config)
             result = _train_and_test(task, make_encoding, seed, staging, request.progress, run_name, request.out, cell)
             environment = store.environment()  # as the cell ran (threads included)
-            effective = effective_trainer(config)
     except Exception as err:  # the grid must go on: record why this cell has no result
         status = store.STATUS_DIVERGED if isinstance(err, DivergedError) else store.STATUS_FAILED
         record = store.CellRecord(
