@@ -649,9 +649,9 @@ def encoding_flops(method: str, config: ModelConfig, tokens: int, pos_dim: int =
       features, a few per channel): 4 N D.
     * rotation of q and k (rope, rope-mixed, STRING) per layer: 3 per q/k channel (pairs:
       4 multiplies, 2 adds) on 2 N D channels, plus angles and cos/sin, ~ 2 N D: 8 N D.
-      Cayley-STRING adds the basis change P z on q and k: 4 N D E. Circulant-STRING
-      replaces the rotation by an rfft/irfft pair per block, 2 x 5 E log2(b) per token-head
-      on q and k, plus the complex product: 2 N H (10 E log2 b + 3 E).
+      Both STRINGs add a basis change on q and k, a (E x E) product per token and head:
+      4 N D E (Cayley's learned P; Circulant's fixed real Fourier basis, dense, whose
+      block-diagonal zeros the matrix product multiplies too).
     * bias per layer, per head and (query, key) pair: ALiBi 3P + 3 (differences, squares,
       sqrt, slope), relpos 4P + 2 (round, clip, index), LookHere 3P + 8 (distance and the
       field-of-view test), PaPE explicit 5m + 2 (Eq. 9 with direct differences) plus its
@@ -680,11 +680,8 @@ def encoding_flops(method: str, config: ModelConfig, tokens: int, pos_dim: int =
         return 4.0 * n * d
     if parsed.name in ("rope", "rope-mixed"):
         return layers * 8.0 * n * d
-    if parsed.name == "string-cayley":
+    if parsed.name in ("string-cayley", "string-circulant"):
         return layers * (8.0 * n * d + 4.0 * n * d * e)
-    if parsed.name == "string-circulant":
-        block = min(int(options.get("block_size", 16)), e)
-        return layers * 2.0 * n * h * (10 * e * math.log2(block) + 3 * e)
     if parsed.name == "alibi":
         return pairs * (3.0 * p + 3)
     if parsed.name == "relpos":
