@@ -96,13 +96,16 @@ def _training_step(model: ViT, images: Tensor) -> tuple[Tensor, dict[str, Tensor
 def test_every_encoding_trains_compiled_in_one_graph(spec):
     """``trainer.compile`` is on by default on CUDA: a graph break splits the model into
     graphs that inductor cannot fuse across (and a data-dependent one syncs with the GPU), so
-    every encoding's training step must trace as one graph and compute what eager does,
-    outputs and gradients. WePE is the exception: its lattice's size depends on a learned
+    every encoding's training step and evaluation forward must trace as one graph each and
+    compute what eager does, outputs and gradients. WePE is the exception: its lattice's size depends on a learned
     period's value, and its one break (``lattice_indices``) is asserted to be the only one."""
     method = parse_method(spec)
     model = _vit(method.name, **dict(method.options)).train()
     images = torch.randn(2, 3, 16, 16)
     eager = _training_step(model, images)
+    with torch.no_grad():
+        eager_eval = model.eval()(images)
+    model.train()
     torch._dynamo.reset()
     if method.name == "wepe":
         explained = torch._dynamo.explain(model)(images)
@@ -116,6 +119,8 @@ def test_every_encoding_trains_compiled_in_one_graph(spec):
     assert compiled[1].keys() == eager[1].keys()
     for name, grad in eager[1].items():
         torch.testing.assert_close(compiled[1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    with torch.no_grad():  # evaluation: its own graph, also whole
+        torch.testing.assert_close(model.eval()(images), eager_eval, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.gpu
