@@ -15,6 +15,10 @@ from pe_bench.harness.reports.bench import MODELS, flop_bound
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "benchmarks" / "gpu-h200-2026-11-26"
 README_NAMES = {"pape": "pape (m = 50)", "timm": "timm `vit_base_patch16_224`"}
+#: rows measured with a form of the encoding the code has since replaced, with the FLOP-model
+#: bound of the measured form: Circulant-STRING ran with complex FFTs on the H200 (stop 39) and
+#: runs as a Fourier-basis matrix product since stop 41 (README, below the GPU table)
+MEASURED_FORM_BOUNDS = {"string-circulant": 1.004}
 
 
 def _readme_row(label: str) -> list[str]:
@@ -43,7 +47,7 @@ def test_readme_gpu_table_is_the_shipped_rows(row):
     assert cells[7] == f"{nopos['infer_img_s_b128'] / infer:.2f}"
     assert cells[8] == f"{row['train_peak_mib'] / 1024:.1f}"
     if row["method"] != "timm":
-        bound = flop_bound(row["method"], MODELS["vit-b"][0], 224, bf16=True)
+        bound = MEASURED_FORM_BOUNDS.get(row["method"]) or flop_bound(row["method"], MODELS["vit-b"][0], 224, bf16=True)
         assert cells[4] == f"{bound:.3f}"
         assert cells[5] == f"{nopos['train_img_s_b128'] / train / bound:.2f}"
 
