@@ -121,6 +121,14 @@ def frame_tiles(options: WidenedFormOptions, inputs: AttentionInputs) -> list[Te
     return shared_per_forward(inputs, ("query-tiles", edge), lambda: grid_tiles(inputs.query, edge))
 
 
+def positioned_keys(features: Tensor, inputs: AttentionInputs) -> Tensor:
+    """The keys' (B or 1, H, Nk, w) positional features with the rows of keys without a
+    position zeroed: they contribute nothing positional. The flags are those of the samples
+    the frame's positions hold: one sample when the batch shares its positions
+    (``first_sample_if_shared``, as ``key_centred_coords``)."""
+    return features * first_sample_if_shared(inputs).key.has_pos[:, None, :, None]
+
+
 class PaPEOptions(WidenedFormOptions):
     m: int = Field(50, ge=1)
     form: Literal["efficient", "explicit"] = "efficient"
@@ -266,8 +274,7 @@ class ParabolicLayer(LayerEncoding):
         # Queries without a position (CLS) carry no positional term: their features are 0
         # (a and b zeroed, as in ``bias``), set once on the joined features.
         q_extra = torch.cat(q_parts, dim=-1) * inputs.query.has_pos[:, None, :, None]
-        # Keys without a position contribute nothing positional: zero their extra features.
-        k_extra = torch.cat(k_parts, dim=-1) * first_sample_if_shared(inputs).key.has_pos[:, None, :, None]
+        k_extra = positioned_keys(torch.cat(k_parts, dim=-1), inputs)
         split = self.options.low_precision == "split"
         return widen_heads(q, k, q_extra, k_extra, split, self.options.pad_to)
 

@@ -63,7 +63,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from .base import AttentionInputs, LayerEncoding, PositionEncoding, Principle, first_sample_if_shared
-from .pape import WidenedFormOptions, frame_coords, frame_tiles, widen_heads
+from .pape import WidenedFormOptions, frame_coords, frame_tiles, positioned_keys, widen_heads
 from .registry import register
 
 
@@ -125,9 +125,7 @@ class ParabolicRILayer(LayerEncoding):
         norm_q = s_q.square().sum(-1, keepdim=True)
         norm_k = norm_q if s_k is s_q else s_k.square().sum(-1, keepdim=True)
         q_extra = torch.cat([alpha * norm_q, alpha, -2 * alpha * s_q], dim=-1)
-        k_extra = torch.cat([torch.ones_like(s_k[..., :1]), norm_k, s_k], dim=-1)
-        # Keys without a position (CLS) contribute nothing positional.
-        k_extra = k_extra * first_sample_if_shared(inputs).key.has_pos[:, None, :, None]
+        k_extra = positioned_keys(torch.cat([torch.ones_like(s_k[..., :1]), norm_k, s_k], dim=-1), inputs)
         split = self.options.low_precision == "split"
         return widen_heads(q, k, q_extra, k_extra, split, self.options.pad_to)
 

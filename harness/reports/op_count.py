@@ -60,18 +60,20 @@ def operators_per_pass(model: torch.nn.Module, inputs: torch.Tensor) -> tuple[in
     (loss on the summed outputs; no optimiser step) of ``model`` on ``inputs``."""
     with torch.inference_mode(), OperatorCounter() as forward:
         model.eval()(inputs)
-    model.train()
-    with OperatorCounter() as step:
-        model(inputs).float().sum().backward()
-    model.zero_grad(set_to_none=True)
-    return forward.total, step.total
+    return forward.total, _counted_training_step(model, inputs).total
 
 
 def bytes_written_per_step(model: torch.nn.Module, inputs: torch.Tensor) -> int:
     """Bytes the computing operators of one training forward + backward of ``model`` on
     ``inputs`` write (loss on the summed outputs; no optimiser step)."""
+    return _counted_training_step(model, inputs).total_written
+
+
+def _counted_training_step(model: torch.nn.Module, inputs: torch.Tensor) -> OperatorCounter:
+    """One training forward + backward (loss on the summed outputs) under the counter; the
+    gradients are dropped afterwards."""
     model.train()
     with OperatorCounter() as step:
         model(inputs).float().sum().backward()
     model.zero_grad(set_to_none=True)
-    return step.total_written
+    return step
