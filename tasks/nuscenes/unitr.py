@@ -252,6 +252,10 @@ def scene_geometry(position_scale: float) -> Geometry:
 class UniTR(nn.Module):
     """The backbone: batch dict -> BEV map (B, dim, X, Y) of the LiDAR tokens after fusion."""
 
+    #: voxel pooling, serialization and patching size tensors by the data: ``trainer.compile``
+    #: compiles each transformer block, not the whole forward (``harness/compile.py``)
+    compiles_per_block = True
+
     def __init__(
         self,
         make_encoding: EncodingFactory,

@@ -221,6 +221,10 @@ class PTv3(nn.Module):
     """The backbone. ``mode="seg"``: per-point features (U-Net); ``"cls"``: per-sample features
     (encoder, then mean over each sample's points)."""
 
+    #: voxel pooling, serialization and patching size tensors by the data: ``trainer.compile``
+    #: compiles each transformer block, not the whole forward (``harness/compile.py``)
+    compiles_per_block = True
+
     def __init__(
         self,
         make_encoding: EncodingFactory,
