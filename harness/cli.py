@@ -506,7 +506,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.task:
         from pe_bench.tasks import get_task
 
-        figures = get_task(args.task).benchmark(args.device)
+        figures = get_task(args.task).benchmark(args.device, compile=args.compile)
         print(figures or f"task {args.task!r} has no benchmark of its own")
         return 0
     if args.grid:

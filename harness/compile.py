@@ -50,13 +50,21 @@ def compile_regions(model: nn.Module) -> list[nn.Module]:
 def maybe_compile(model: nn.Module, trainer: TrainerConfig, **compile_options) -> nn.Module:
     """Compile ``model`` in place when ``trainer.compile`` says so (``compile_options`` go to
     ``torch.compile``); returns the model."""
-    if not compile_enabled(trainer):
-        return model
+    return compile_model(model, **compile_options) if compile_enabled(trainer) else model
+
+
+def compile_model(model: nn.Module, **compile_options) -> nn.Module:
+    """Compile ``model``'s :func:`compile_regions` in place; returns the model."""
     regions = compile_regions(model)
     if regions != [model]:
-        config = torch._dynamo.config
-        config.recompile_limit = max(config.recompile_limit, BLOCK_RECOMPILE_LIMIT)
-        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * BLOCK_RECOMPILE_LIMIT)
+        raise_recompile_limit(BLOCK_RECOMPILE_LIMIT)
     for region in regions:
         region.compile(**compile_options)
     return model
+
+
+def raise_recompile_limit(limit: int) -> None:
+    """Let Dynamo keep at least ``limit`` compiled entries per code object (never lowers it)."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, limit)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * limit)

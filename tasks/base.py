@@ -82,9 +82,10 @@ class Task(ABC):
     def lightning_module(self, model: nn.Module) -> L.LightningModule: ...
 
     @classmethod
-    def benchmark(cls, device: str = "cpu") -> str | None:
+    def benchmark(cls, device: str = "cpu", compile: bool = False) -> str | None:
         """Task-specific figures for ``pe-bench bench --task NAME`` (e.g. tokenizer events/s,
-        backbone time at 10k/100k points) as Markdown; None when the task has none."""
+        backbone time at 10k/100k points) as Markdown; None when the task has none.
+        ``compile`` (``--compile``): add how the task's model does under ``trainer.compile``."""
         return None
 
     @classmethod

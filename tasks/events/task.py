@@ -213,7 +213,7 @@ class DvsGesture(PatchTask):
         return report
 
     @classmethod
-    def benchmark(cls, device: str = "cpu") -> str:
+    def benchmark(cls, device: str = "cpu", compile: bool = False) -> str:
         r = tokenizer_throughput()
         return (
             "### Spiking Patches tokenizer (one CPU core, numpy)\n\n"

@@ -9,13 +9,11 @@ and heads, total depth (they must agree with ``model.ptv3``), patch size, MLP ra
 
 from __future__ import annotations
 
-import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import torch
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -27,7 +25,7 @@ from .._shared.data_checks import DataReport, scan_files
 from ..base import Task
 from .data import Augment, FeatureKey, PointDataModule, PointDataset
 from .module import PointClassificationModule, PointClassifier, PointSegmentationModule, PointSegmenter
-from .ptv3 import PointBatch, PTv3, PTv3Config, points_geometry
+from .ptv3 import PTv3, PTv3Config, points_geometry
 from .readers import (
     SCANNET_FILES,
     check_modelnet_file,
@@ -113,51 +111,12 @@ class PointTask(Task):
         raise NotImplementedError
 
     @classmethod
-    def benchmark(cls, device: str = "cpu") -> str:
-        """Eval forward time of the backbone (tiny and paper profiles) on 10k and 100k points."""
-        from pe_bench.harness.config import load_run_config
+    def benchmark(cls, device: str = "cpu", compile: bool = False) -> str:
+        """Eval forward time of the backbone (tiny and paper profiles) on 10k and 100k points;
+        with ``compile``, a training step eager, compiled per block and compiled whole."""
+        from .bench import backbone_figures
 
-        rows = ["| profile | points | parameters | forward (s) |", "|---|---:|---:|---:|"]
-        for profile in _BENCH_PROFILES:
-            task = cls(load_run_config(cls.name, profile))
-            torch.manual_seed(0)
-            model = task.backbone(EncodingFactory("nopos")).eval().to(device)
-            params = sum(p.numel() for p in model.parameters())
-            for n in _BENCH_SIZES:
-                points = _random_scene(n, task.data.grid_size, 3 * len(task.data.feat_keys), device)
-                with torch.inference_mode():
-                    model(points)  # warm-up (allocator, neighbour-table code paths)
-                    _sync(device)
-                    start = time.perf_counter()
-                    model(points)
-                    _sync(device)
-                    seconds = time.perf_counter() - start
-                rows.append(f"| {profile} | {n} | {params / 1e6:.2f}M | {seconds:.3f} |")
-        head = (
-            f"PTv3 {cls.mode} backbone, eval forward of one scene, nopos, {device}, {torch.get_num_threads()} threads:"
-        )
-        return "\n".join([head, "", *rows])
-
-
-_BENCH_SIZES = (10_000, 100_000)
-_BENCH_PROFILES = ("tiny", "paper")
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _random_scene(n: int, grid_size: float, channels: int, device: str) -> PointBatch:
-    """n points on distinct voxels of a room-sized surface-like slab."""
-    side = int(np.ceil(np.sqrt(n * 2)))
-    flat = torch.randperm(side * side * 4)[:n]
-    grid = torch.stack([flat // (side * 4), (flat // 4) % side, flat % 4], dim=1)
-    coord = grid.float() * grid_size
-    return PointBatch(
-        coord.to(device), grid.to(device), torch.zeros(n, dtype=torch.long, device=device),
-        torch.randn(n, channels, device=device),
-    )  # fmt: skip
+        return backbone_figures(cls, device, compile)
 
 
 class ModelNet40(PointTask):

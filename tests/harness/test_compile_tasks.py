@@ -18,8 +18,8 @@ from pe_bench.harness.blocks import EncoderBlock
 from pe_bench.harness.compile import compile_regions, maybe_compile
 from pe_bench.harness.config import TrainerConfig, load_run_config
 from pe_bench.tasks.base import get_task
+from pe_bench.tasks.points.bench import random_scene
 from pe_bench.tasks.points.ptv3 import PTv3, PTv3Config, points_geometry
-from pe_bench.tasks.points.task import _random_scene
 
 # training_step logs; outside a Trainer Lightning warns that nothing records it
 pytestmark = pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`")
@@ -100,7 +100,7 @@ def test_deep_point_backbone_stays_compiled_past_dynamos_default_recompile_limit
     widths = list(range(8, 88, 8))
     cfg = PTv3Config(enc_depths=[1] * 10, enc_channels=widths, enc_num_head=[1] * 10, stride=1, cpe="none")
     model = PTv3(EncodingFactory("rope", {}), points_geometry(0.02, 50.0), cfg, 6, 0.02, "cls", patch_size=64)
-    points = _random_scene(300, 0.02, 6, "cpu")
+    points = random_scene(300, 0.02, 6, "cpu")
 
     def train_then_evaluate() -> None:
         model.train()(points).square().mean().backward()
