@@ -15,9 +15,10 @@ present in one file only is common. It is no difference only where that is prova
 Anything else one-sided (an unknown key, a free-form ``data`` or ``options`` key) differs.
 
 The ``effective`` section (how ``trainer``'s settings took effect where a cell ran: precision,
-compile and world size after ``auto`` resolved; grid/runner.py's ``effective_trainer``) is
-compared only between two files that both hold it: a requested configuration has not run
-yet, and cells stored before the section existed do not say how they ran.
+compile and world size after ``auto`` resolved, grid/runner.py's ``effective_trainer``; and
+``effective.data``, the versions that made the cell's data and metric, ``Task.data_fingerprint``)
+is compared key by key only between two files that both hold the key: a requested
+configuration has not run yet, and cells stored before a key existed do not say.
 """
 
 from __future__ import annotations

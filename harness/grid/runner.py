@@ -348,6 +348,9 @@ def _train_into(
             effective = effective_trainer(config)
             result = _train_and_test(task, make_encoding, seed, staging, request.progress, run_name, request.out, cell)
             environment = store.environment()  # as the cell ran (threads included)
+            data = task.data_fingerprint()  # after training: the data exists now
+            if data:
+                effective["data"] = data
     except Exception as err:  # the grid must go on: record why this cell has no result
         status = store.STATUS_DIVERGED if isinstance(err, DivergedError) else store.STATUS_FAILED
         record = store.CellRecord(

@@ -455,6 +455,8 @@ def device_description() -> str:
 
 def environment() -> dict[str, Any]:
     packages = ("pe-bench", "torch", "torchvision", "lightning", "torchmetrics", "pandas", "numpy", "pydantic")
+    # those the tasks' data and metrics come from (None where not installed)
+    packages += ("torchaudio", "soundfile", "av", "sentencepiece", "sacrebleu", "babel", "num2words")
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -80,6 +80,21 @@ def espeak_binary() -> str:
     return binary
 
 
+def espeak_version(binary: str) -> str:
+    """``espeak-ng --version``'s version number (its first line: "eSpeak NG text-to-speech:
+    1.51  Data at: ...")."""
+    done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    words = done.stdout.replace(":", " ").split()
+    return next((w for w in words if w[:1].isdigit()), done.stdout.strip() or "unknown")
+
+
+def corpus_built_with(root: Path) -> dict[str, str]:
+    """The espeak-ng version a built corpus was synthesised with ("unrecorded" for corpora
+    built before it was recorded)."""
+    spec = json.loads((root / "spec.json").read_text())
+    return {"espeak-ng": spec.get("espeak-ng", "unrecorded")}
+
+
 @dataclass(frozen=True)
 class Utterance:
     name: str
@@ -145,7 +160,8 @@ def build_corpus(spec: CorpusSpec, root: Path | None = None, workers: int = 4) -
                 sf.write(staging / path, np.clip(audio, -1, 1), SAMPLE_RATE, format="FLAC")
                 rows.append(f"{path}\t{len(audio) / SAMPLE_RATE:.3f}\t{utt.text}")
             (staging / f"{split}.tsv").write_text("\n".join(rows) + "\n")
-        (staging / "spec.json").write_text(json.dumps(asdict(spec), indent=1))
+        built_with = {"espeak-ng": espeak_version(binary)}  # other versions speak otherwise
+        (staging / "spec.json").write_text(json.dumps(asdict(spec) | built_with, indent=1))
         try:
             staging.rename(root)
         except OSError:  # another process finished the same build first: theirs is as good

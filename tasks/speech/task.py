@@ -21,11 +21,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
-from pe_bench.harness.data import SplitDataModule
+from pe_bench.harness.data import SplitDataModule, package_version
 
 from .._shared.data_checks import DataReport, scan_files
 from ..base import Task
-from .corpus import CorpusSpec, build_corpus, cache_root, espeak_binary
+from .corpus import CorpusSpec, build_corpus, cache_root, corpus_built_with, espeak_binary
 from .features import VOCAB_SIZE, LogMel, SpecAugment, encode_text
 from .model import CTCSpeechModel, FrontEnd, speech_geometry
 from .module import CTCModule, SpeechBatch
@@ -301,6 +301,15 @@ class SpeechRecognition(Task):
     def lightning_module(self, model: nn.Module) -> CTCModule:
         names = self.datamodule(0).eval_set_names()  # the set names depend on the data only
         return CTCModule(model, self.config.optim, self.data.bin_edges, names)
+
+    def data_fingerprint(self) -> dict[str, str]:
+        """torchaudio's version (resampling, filterbank features), and for the tiny corpus its
+        cache key and the espeak-ng version that spoke it."""
+        fingerprint = {"torchaudio": package_version("torchaudio")}
+        if self.data.source == "tiny":
+            spec = corpus_spec(self.data)
+            fingerprint |= {"corpus": spec.key(), **corpus_built_with(build_corpus(spec))}
+        return fingerprint
 
     def check_data(self, full: bool = False, workers: int = 1) -> DataReport:
         report = DataReport(self.name)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from pe_bench.harness.data import package_version
+
 Pair = tuple[str, str]
 
 
@@ -174,10 +176,10 @@ def write_split(folder: Path, split: str, pairs: Sequence[Pair], src_lang: str, 
 def tiny_corpus(cache_root: Path, sizes: tuple[int, int, int], tgt: str = "de") -> Path:
     """Build (once) and return a folder with train/valid/test.{en,tgt} for the given sizes."""
     import babel
-    import num2words
 
     # The key changes with the sizes and the resource versions, never silently reused.
-    meta = {"sizes": list(sizes), "babel": babel.__version__, "num2words": _version(num2words), "v": 1, "tgt": tgt}
+    versions = {"babel": babel.__version__, "num2words": package_version("num2words")}
+    meta = {"sizes": list(sizes), **versions, "v": 1, "tgt": tgt}
     key = hashlib.sha1(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:12]
     folder = cache_root / "translation" / f"tiny-en-{tgt}-{key}"
     if (folder / "meta.json").exists():
@@ -189,11 +191,3 @@ def tiny_corpus(cache_root: Path, sizes: tuple[int, int, int], tgt: str = "de") 
     (folder / "meta.json").write_text(json.dumps(meta))
     return folder
 
-
-def _version(module: object) -> str:
-    from importlib.metadata import version
-
-    try:
-        return version(getattr(module, "__name__", ""))
-    except Exception:  # editable or vendored installs have no metadata
-        return "unknown"

@@ -191,6 +191,26 @@ def test_cells_whose_auto_settings_took_effect_otherwise_are_marked(tmp_path):
     assert "nopos" not in markdown.split("†", 2)[-1]
 
 
+def test_cells_made_from_other_data_are_marked(tmp_path):
+    """The tiny translation corpus comes from Babel's and num2words' tables: a fresh install
+    with other versions writes other sentences under the same configuration. Each cell stores
+    the versions its data and metric came from (``effective.data``); a column mixing them is
+    marked, a cell stored before they were recorded is not."""
+    made_with = {"precision": "32-true", "compile": False, "world_size": 1}
+    for method, score, corpus in (("pape", 97.0, "tiny-en-de-aaaa"), ("rope", 96.0, "tiny-en-de-aaaa")):
+        data = {"corpus": corpus, "sacrebleu": "2.6.0"}
+        stored(tmp_path, "wmt14-en-de", method, 0, score, cfg=config("wmt14-en-de", method) | {
+            "effective": made_with | {"data": data}})  # fmt: skip
+    other = {"corpus": "tiny-en-de-bbbb", "sacrebleu": "2.6.0"}
+    stored(tmp_path, "wmt14-en-de", "cape", 0, 92.0, cfg=config("wmt14-en-de", "cape") | {
+        "effective": made_with | {"data": other}})  # fmt: skip
+    stored(tmp_path, "wmt14-en-de", "nopos", 0, 10.0, cfg=config("wmt14-en-de", "nopos") | {"effective": made_with})
+    markdown = write_tables(tmp_path)
+    assert "| 92.00 † " in markdown and "**97.00**" in markdown
+    assert "wmt14-en-de/cape/seed0: effective.data.corpus=tiny-en-de-bbbb (others: tiny-en-de-aaaa)" in markdown
+    assert "nopos" not in markdown.split("†", 2)[-1]
+
+
 def test_config_differences_follow_the_runner_rules():
     mine = tables.result_config(config("imagenet", "pape", data={"train_size": 100}, trainer={"threads": 4}))
     reference = tables.result_config(config("imagenet", "rope"))

@@ -17,7 +17,7 @@ from pe_bench.harness.cli import main
 from pe_bench.harness.config import ModelConfig, load_run_config
 from pe_bench.harness.grid import store
 from pe_bench.tasks import get_task
-from pe_bench.tasks.speech.corpus import CorpusSpec, EspeakMissingError, build_corpus
+from pe_bench.tasks.speech.corpus import CorpusSpec, EspeakMissingError, build_corpus, corpus_built_with
 from pe_bench.tasks.speech.features import (
     VOCAB_SIZE,
     LogMel,
@@ -95,8 +95,18 @@ def test_tiny_corpus_is_deterministic_and_cached(tmp_path, monkeypatch):
     assert info.samplerate == RATE and info.format == "FLAC"
     train, test = read_manifest(first, "train"), read_manifest(first, "test")
     assert max(r.duration for r in train) < max(r.duration for r in test)
+    # the corpus records the espeak-ng that spoke it (other versions speak otherwise): the
+    # cell's effective.data reads it from there, not from the machine's current espeak-ng
+    version = corpus_built_with(first)["espeak-ng"]
+    assert re.fullmatch(r"\d+(\.\d+)+\S*", version), version
     monkeypatch.setattr(shutil, "which", lambda name: None)  # a cached corpus needs no espeak-ng
     assert build_corpus(spec, root=tmp_path / "a") == first
+    assert corpus_built_with(first) == {"espeak-ng": version}
+
+
+def test_corpora_built_before_the_espeak_version_was_recorded_say_so(tmp_path):
+    (tmp_path / "spec.json").write_text(json.dumps({"seed": 0}))
+    assert corpus_built_with(tmp_path) == {"espeak-ng": "unrecorded"}
 
 
 def test_features_are_80_log_mels_every_10ms_normalised_per_utterance():

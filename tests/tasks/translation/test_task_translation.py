@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import ModelConfig
@@ -238,6 +239,9 @@ def test_tiny_cell_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, r
     assert record["status"] == "ok", record.get("reason")
     assert (cell / "position_nll.csv").read_text().startswith("position,mean_nll,count")
     assert (cell / "position_nll.png").stat().st_size > 0
+    # the versions the corpus, tokenizer and BLEU came from, where the tables compare them
+    data = yaml.safe_load((cell / "config.yaml").read_text())["effective"]["data"]
+    assert set(data) == {"corpus", "sentencepiece", "sacrebleu"} and data["corpus"].startswith("tiny-en-de-")
 
 
 def test_figure_overlays_methods(tmp_path: Path) -> None:
@@ -251,3 +255,22 @@ def test_figure_overlays_methods(tmp_path: Path) -> None:
     curves = read_curves(tmp_path, "wmt14-en-de")
     assert sorted(curves) == ["cape", "rope"] and len(curves["rope"][0]) == 30
     assert plot(tmp_path, "wmt14-en-de", train_max=10).stat().st_size > 0
+
+
+def test_data_fingerprint_changes_with_the_corpus_resources(tmp_path: Path, monkeypatch) -> None:
+    """Other Babel tables write other tiny sentences: the cell's ``effective.data`` names the
+    corpus by a key that holds Babel's and num2words' versions, beside the tokenizer's and
+    the metric's versions, so the tables can mark a column mixing two corpora."""
+    import babel
+
+    from pe_bench.harness.config import load_run_config, parse_overrides
+    from pe_bench.tasks.base import get_task
+
+    monkeypatch.setenv("PE_BENCH_CACHE", str(tmp_path))
+    sizes = parse_overrides(["data.train_size=20", "data.valid_size=5", "data.test_size=5"])
+    task = get_task("wmt14-en-de")(load_run_config("wmt14-en-de", "tiny", sizes))
+    fingerprint = task.data_fingerprint()
+    assert set(fingerprint) == {"corpus", "sentencepiece", "sacrebleu"}
+    assert fingerprint["corpus"].startswith("tiny-en-de-") and fingerprint["sacrebleu"][0].isdigit()
+    monkeypatch.setattr(babel, "__version__", "0.0-other")
+    assert task.data_fingerprint()["corpus"] != fingerprint["corpus"]
