@@ -457,6 +457,7 @@ def environment() -> dict[str, Any]:
     packages = ("pe-bench", "torch", "torchvision", "lightning", "torchmetrics", "pandas", "numpy", "pydantic")
     # those the tasks' data and metrics come from (None where not installed)
     packages += ("torchaudio", "soundfile", "av", "sentencepiece", "sacrebleu", "babel", "num2words")
+    packages += ("pycocotools", "scikit-image")
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -153,5 +153,3 @@ def random_scene(n: int, grid_size: float, channels: int, device: str) -> PointB
         torch.randn(n, channels, device=device),
     )  # fmt: skip
 
-
-__all__ = ["backbone_figures", "compile_table", "forward_table", "random_scene"]

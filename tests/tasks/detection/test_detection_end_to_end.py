@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from pe_bench.harness.cli import main
 from pe_bench.harness.grid import store
@@ -29,6 +30,10 @@ def test_tiny_detection_cell_end_to_end(tmp_path, monkeypatch, task, data):
     assert record["status"] == "ok" and record["metric"] == "map" and 0 <= record["score"] <= 100
     assert {"ap50", "ap75", "map_one_to_many_nms"} <= set(record["extra"])
     assert "mAP" in (out / "table.md").read_text()
+    # the mAP's evaluation (and the generated scenes' photographs) come from these packages
+    config = yaml.safe_load((store.cell_dir(out, task, "pape", 0) / "config.yaml").read_text())
+    expected = {"pycocotools", "scikit-image"} if task == "coco" else {"pycocotools"}
+    assert set(config["effective"]["data"]) == expected
 
 
 def test_detection_tasks_are_in_the_table1_groups():

@@ -130,9 +130,9 @@ def test_one_short_cell_end_to_end(tmp_path, name):
 
 
 def test_benchmark_hook_reports_both_sizes(monkeypatch):
-    from pe_bench.tasks.points import task as points
+    from pe_bench.tasks.points import bench
 
-    monkeypatch.setattr(points, "_BENCH_SIZES", (300, 600))
-    monkeypatch.setattr(points, "_BENCH_PROFILES", ("tiny",))  # the paper backbone takes long to build
+    monkeypatch.setattr(bench, "SIZES", (300, 600))
+    monkeypatch.setattr(bench, "PROFILES", ("tiny",))  # the paper backbone takes long to build
     report = get_task("modelnet40").benchmark("cpu")
     assert "| 300 |" in report and "| 600 |" in report
