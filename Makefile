@@ -30,7 +30,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 bench: $(STAMP)
 	$(BIN)/pe-bench bench --model tiny
