@@ -29,10 +29,16 @@ FLEX_RECOMPILE_LIMIT = 128
 def _compiled_flex_attention():
     from torch.nn.attention.flex_attention import flex_attention
 
-    config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, FLEX_RECOMPILE_LIMIT)
-    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * FLEX_RECOMPILE_LIMIT)
+    raise_recompile_limit(FLEX_RECOMPILE_LIMIT)
     return torch.compile(flex_attention, dynamic=False)
+
+
+def raise_recompile_limit(limit: int) -> None:
+    """Let Dynamo keep at least ``limit`` compiled entries per code object (never lowers it;
+    harness/compile.py raises it too, for per-block compilation)."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, limit)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * limit)
 
 
 @functools.cache

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pe_bench.adapters._flex import raise_recompile_limit
+
 from .blocks import EncoderBlock
 from .config import TrainerConfig
 
@@ -61,10 +63,3 @@ def compile_model(model: nn.Module, **compile_options) -> nn.Module:
     for region in regions:
         region.compile(**compile_options)
     return model
-
-
-def raise_recompile_limit(limit: int) -> None:
-    """Let Dynamo keep at least ``limit`` compiled entries per code object (never lowers it)."""
-    config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, limit)
-    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * limit)

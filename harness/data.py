@@ -24,19 +24,6 @@ def cache_root() -> Path:
     return Path(os.environ.get("PE_BENCH_CACHE") or Path.home() / ".cache" / "pe-bench")
 
 
-def package_version(name: str) -> str:
-    """An installed distribution's version, "unknown" without metadata (editable or vendored
-    installs), "absent" when it is not installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "absent"
-    except Exception:  # broken metadata
-        return "unknown"
-
-
 class DatasetMissingError(FileNotFoundError):
     """A dataset is not where the config says; the message names the path, the layout
     expected and where the dataset comes from."""

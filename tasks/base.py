@@ -81,13 +81,13 @@ class Task(ABC):
     @abstractmethod
     def lightning_module(self, model: nn.Module) -> L.LightningModule: ...
 
-    def data_fingerprint(self) -> dict[str, str]:
+    def data_fingerprint(self) -> dict[str, str | None]:
         """What decides this cell's data or metric beyond its configuration, after training:
         versions of the packages or programs that generated its corpus, tokenizer or score
         (the tiny translation corpus is built from Babel's and num2words' tables). Stored as
         ``effective.data`` in the cell's config.yaml, so a column mixing cells made from
-        different data is marked in the tables. Empty (the default) when the configuration
-        and pe-bench's own code decide everything."""
+        different data is marked in the tables (a package not installed: None). Empty (the
+        default) when the configuration and pe-bench's own code decide everything."""
         return {}
 
     @classmethod

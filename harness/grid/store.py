@@ -428,7 +428,8 @@ class CellLock:
         self.say(f"breaking the stale lock {self.path} of {owner.describe()}: {why}")
 
 
-def _version(package: str) -> str | None:
+def package_version(package: str) -> str | None:
+    """An installed distribution's version; None when it is not installed (or has no metadata)."""
     try:
         return version(package)
     except PackageNotFoundError:
@@ -461,7 +462,7 @@ def environment() -> dict[str, Any]:
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "packages": {p: _version(p) for p in packages},
+        "packages": {p: package_version(p) for p in packages},
         "git_sha": git_sha(),
         "device": device_description(),
         "torch_threads": torch.get_num_threads(),

@@ -23,7 +23,8 @@ from torch.utils.data import Dataset, get_worker_info
 
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import ConfigError, RunConfig, Strict
-from pe_bench.harness.data import SplitDataModule, package_version
+from pe_bench.harness.data import SplitDataModule
+from pe_bench.harness.grid.store import package_version
 from pe_bench.tasks._shared.spiking_patches import EventBatch, EventTokens, SpikingPatches, pad_tokens
 from pe_bench.tasks._shared.spiking_patches_data import SpikingPatchesDataModule
 
@@ -59,7 +60,7 @@ class DetectionTask(Task):
         m = self.config.model
         return DetectionModule(model, self.config.optim, m.reg_max, m.max_detections)  # type: ignore[attr-defined]
 
-    def data_fingerprint(self) -> dict[str, str]:
+    def data_fingerprint(self) -> dict[str, str | None]:
         """The mAP is pycocotools' evaluation (through torchmetrics, whose version env.json has)."""
         return {"pycocotools": package_version("pycocotools")}
 
@@ -150,7 +151,7 @@ class Coco(DetectionTask):
         optim, trainer = self.config.optim, self.config.trainer
         return CocoDataModule(self.data, optim.batch_size, trainer.num_workers, seed, self.data_root)
 
-    def data_fingerprint(self) -> dict[str, str]:
+    def data_fingerprint(self) -> dict[str, str | None]:
         """Besides the metric's version, the generated scenes' backgrounds are scikit-image's
         sample photographs."""
         fingerprint = super().data_fingerprint()

@@ -17,9 +17,11 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from torch import nn
+from torch._dynamo.utils import counters  # Dynamo's graph counts
 
 from pe_bench.adapters import EncodingFactory
-from pe_bench.harness.compile import BLOCK_RECOMPILE_LIMIT, compile_model, raise_recompile_limit
+from pe_bench.adapters._flex import raise_recompile_limit
+from pe_bench.harness.compile import BLOCK_RECOMPILE_LIMIT, compile_model
 from pe_bench.harness.config import load_run_config
 
 from .ptv3 import PointBatch
@@ -68,8 +70,6 @@ def compile_table(
     """Training-step seconds of the ``profile`` backbone with rope: eager, compiled per block,
     compiled whole, and the compiled variants' graph counts. A variant that fails (out of
     memory, a compiler error) shows its error in its cells."""
-    from torch._dynamo.utils import counters
-
     task = task_cls(load_run_config(task_cls.name, profile))
     channels = 3 * len(task.data.feat_keys)
     backend = "inductor" if device.startswith("cuda") else "aot_eager"
@@ -90,7 +90,7 @@ def compile_table(
         times = []
         for n in sizes:
             try:
-                times.append(_median_step_seconds(model, n, task.data.grid_size, channels, device, counters))
+                times.append(_median_step_seconds(model, n, task.data.grid_size, channels, device))
             except Exception as error:  # noqa: BLE001  (a failed variant is a table entry)
                 times.append(f"error: {str(error).splitlines()[0][:60]}")
         graphs = counters["stats"]["unique_graphs"]
@@ -108,7 +108,7 @@ def compile_table(
     return "\n".join([head, "", *rows])
 
 
-def _median_step_seconds(model: nn.Module, n: int, grid_size: float, channels: int, device: str, counters) -> str:
+def _median_step_seconds(model: nn.Module, n: int, grid_size: float, channels: int, device: str) -> str:
     """Median seconds of TIMED_STEPS training steps after WARMUP_STEPS, each step on a scene of
     its own point count near ``n``; "(recompiled)" when a timed step still compiled a graph."""
     steps = WARMUP_STEPS + TIMED_STEPS
@@ -152,4 +152,3 @@ def random_scene(n: int, grid_size: float, channels: int, device: str) -> PointB
         coord.to(device), grid.to(device), torch.zeros(n, dtype=torch.long, device=device),
         torch.randn(n, channels, device=device),
     )  # fmt: skip
-

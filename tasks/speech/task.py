@@ -21,7 +21,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
-from pe_bench.harness.data import SplitDataModule, package_version
+from pe_bench.harness.data import SplitDataModule
+from pe_bench.harness.grid.store import package_version
 
 from .._shared.data_checks import DataReport, scan_files
 from ..base import Task
@@ -302,7 +303,7 @@ class SpeechRecognition(Task):
         names = self.datamodule(0).eval_set_names()  # the set names depend on the data only
         return CTCModule(model, self.config.optim, self.data.bin_edges, names)
 
-    def data_fingerprint(self) -> dict[str, str]:
+    def data_fingerprint(self) -> dict[str, str | None]:
         """torchaudio's version (resampling, filterbank features), and for the tiny corpus its
         cache key and the espeak-ng version that spoke it."""
         fingerprint = {"torchaudio": package_version("torchaudio")}

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from pe_bench.harness.data import package_version
+from pe_bench.harness.grid.store import package_version
 
 Pair = tuple[str, str]
 
@@ -190,4 +190,3 @@ def tiny_corpus(cache_root: Path, sizes: tuple[int, int, int], tgt: str = "de") 
         write_split(folder, split, build_pairs(count, seed, tgt), "en", tgt)
     (folder / "meta.json").write_text(json.dumps(meta))
     return folder
-

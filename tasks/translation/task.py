@@ -25,7 +25,8 @@ from torch.utils.data import Dataset
 
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
-from pe_bench.harness.data import SplitDataModule, cache_root, package_version
+from pe_bench.harness.data import SplitDataModule, cache_root
+from pe_bench.harness.grid.store import package_version
 
 from .._shared.data_checks import DataReport, scan_files
 from ..base import Task
@@ -126,7 +127,7 @@ class Translation(Task):
             return tiny_corpus(cache_root(), (d.train_size, d.valid_size, d.test_size), d.tgt_lang)
         return Path(self.data_root or ".") / d.dataset_dir
 
-    def data_fingerprint(self) -> dict[str, str]:
+    def data_fingerprint(self) -> dict[str, str | None]:
         """The tokenizer's and the metric's versions, and for the tiny corpus the cache key that
         names its Babel and num2words versions (other versions, other sentences)."""
         fingerprint = {"sentencepiece": package_version("sentencepiece"), "sacrebleu": package_version("sacrebleu")}
