@@ -24,6 +24,17 @@ def cache_root() -> Path:
     return Path(os.environ.get("PE_BENCH_CACHE") or Path.home() / ".cache" / "pe-bench")
 
 
+def package_version(package: str) -> str | None:
+    """An installed distribution's version; None when it is not installed (or has no metadata).
+    env.json's package list and the tasks' data fingerprints use it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
 class DatasetMissingError(FileNotFoundError):
     """A dataset is not where the config says; the message names the path, the layout
     expected and where the dataset comes from."""

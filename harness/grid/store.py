@@ -29,7 +29,6 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -428,14 +427,6 @@ class CellLock:
         self.say(f"breaking the stale lock {self.path} of {owner.describe()}: {why}")
 
 
-def package_version(package: str) -> str | None:
-    """An installed distribution's version; None when it is not installed (or has no metadata)."""
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
-
-
 def git_sha() -> str | None:
     here = Path(__file__).resolve().parent
     try:
@@ -455,6 +446,10 @@ def device_description() -> str:
 
 
 def environment() -> dict[str, Any]:
+    # the kit's helper, imported here: harness/data.py imports Lightning, which the table
+    # commands that read this module need not load
+    from pe_bench.harness.data import package_version
+
     packages = ("pe-bench", "torch", "torchvision", "lightning", "torchmetrics", "pandas", "numpy", "pydantic")
     # those the tasks' data and metrics come from (None where not installed)
     packages += ("torchaudio", "soundfile", "av", "sentencepiece", "sacrebleu", "babel", "num2words")

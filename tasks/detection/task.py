@@ -23,8 +23,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import ConfigError, RunConfig, Strict
-from pe_bench.harness.data import SplitDataModule
-from pe_bench.harness.grid.store import package_version
+from pe_bench.harness.data import SplitDataModule, package_version
 from pe_bench.tasks._shared.spiking_patches import EventBatch, EventTokens, SpikingPatches, pad_tokens
 from pe_bench.tasks._shared.spiking_patches_data import SpikingPatchesDataModule
 

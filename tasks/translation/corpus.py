@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from pe_bench.harness.grid.store import package_version
+from pe_bench.harness.data import package_version
 
 Pair = tuple[str, str]
 

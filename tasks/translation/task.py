@@ -25,8 +25,7 @@ from torch.utils.data import Dataset
 
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import Strict
-from pe_bench.harness.data import SplitDataModule, cache_root
-from pe_bench.harness.grid.store import package_version
+from pe_bench.harness.data import SplitDataModule, cache_root, package_version
 
 from .._shared.data_checks import DataReport, scan_files
 from ..base import Task
