@@ -274,3 +274,66 @@ def test_data_fingerprint_changes_with_the_corpus_resources(tmp_path: Path, monk
     assert fingerprint["corpus"].startswith("tiny-en-de-") and fingerprint["sacrebleu"][0].isdigit()
     monkeypatch.setattr(babel, "__version__", "0.0-other")
     assert task.data_fingerprint()["corpus"] != fingerprint["corpus"]
+
+
+#: digests of the tiny en-de profile's splits (train 6000 pairs from seed 11, valid 100 from
+#: 12, test 200 from 13; "en<TAB>de" lines) as the README's wmt14 records were trained on
+#: them: Babel 2.18.0 and num2words 0.5.14. Babel 2.19.0 changes 1,892 of the 6,000 German
+#: training sentences (CLDR country names, e.g. "Cabo Verde" for "Curaçao" at one draw).
+RECORDED_CORPUS = {
+    "train": (6000, 11, "fc499edc48dd5a1e7e295643739f2e545bb940f0"),
+    "valid": (100, 12, "d2ae41f655f7a2c70dd6ccfd4bc0b791ff3f7e00"),
+    "test": (200, 13, "291b32134ce92dcc4830d93e68f14373ec129dae"),
+}
+
+
+def test_tiny_corpus_is_the_one_the_records_were_trained_on() -> None:
+    import hashlib
+
+    import babel
+    import num2words  # noqa: F401  (its version comes from the package metadata)
+
+    from pe_bench.harness.data import package_version
+
+    installed = f"Babel {babel.__version__}, num2words {package_version('num2words')}"
+    for split, (count, seed, digest) in RECORDED_CORPUS.items():
+        text = "".join(f"{en}\t{de}\n" for en, de in build_pairs(count, seed))
+        assert hashlib.sha1(text.encode()).hexdigest() == digest, (
+            f"the tiny {split} split differs from the one the README's wmt14 records were trained "
+            f"on ({installed} installed; pyproject.toml pins the versions that build it)"
+        )
+
+
+def test_tokenizer_vocabulary_does_not_depend_on_the_machine(tmp_path: Path, monkeypatch) -> None:
+    """sentencepiece's vocabulary depends on its thread count (checked first, so that this
+    test can fail); pe-bench's trainer uses a fixed count whatever the CPU count."""
+    import os
+
+    import sentencepiece as spm
+
+    from pe_bench.tasks.translation.tokenizer import train_tokenizer
+
+    texts = [t for pair in build_pairs(6000, seed=11) for t in pair]
+
+    def pieces(model_file: Path) -> list[tuple[str, float]]:
+        sp = spm.SentencePieceProcessor(model_file=str(model_file))
+        return [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())]
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    by_threads = []
+    for threads in (1, 4):
+        prefix = tmp_path / f"raw{threads}"
+        spm.SentencePieceTrainer.train(
+            input=str(corpus), model_prefix=str(prefix), vocab_size=1000, model_type="unigram",
+            character_coverage=1.0, pad_id=PAD, unk_id=1, bos_id=BOS, eos_id=EOS,
+            hard_vocab_limit=False, num_threads=threads, minloglevel=2,
+        )  # fmt: skip
+        by_threads.append(pieces(prefix.with_suffix(".model")))
+    assert by_threads[0] != by_threads[1], "sentencepiece no longer depends on its thread count"
+
+    trained = []
+    for cpus in (1, 16):
+        monkeypatch.setattr(os, "cpu_count", lambda cpus=cpus: cpus)
+        trained.append(pieces(train_tokenizer(texts, 1000, tmp_path / f"cache{cpus}").model_file))
+    assert trained[0] == trained[1]
