@@ -238,6 +238,17 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="run the conformance suite on one encoding")
     check.add_argument("name")
 
+    again = sub.add_parser(
+        "reproduce", help="train stored cells' first epochs again and compare them with their metrics.csv, bit for bit"
+    )
+    again.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="cell folders or results folders")
+    again.add_argument("--epochs", type=int, default=1, help="epochs to train and compare per cell (default 1)")
+    again.add_argument("--tasks", default=None, help="only these tasks (comma-separated)")
+    again.add_argument("--methods", default=None, help="only these method labels (comma-separated)")
+    again.add_argument("--seeds", default=None, help="only these seeds (comma-separated)")
+    again.add_argument("--data-root", type=Path, default=None, help="folder holding the real datasets")
+    again.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False, help="progress bars")
+
     data = sub.add_parser("check-data", help="scan whole datasets: every file decodes, shapes and class lists agree")
     data.add_argument("--tasks", required=True, help="comma-separated tasks or a group")
     data.add_argument("--data-root", type=Path, default=None, help="folder holding the real datasets")
@@ -740,6 +751,32 @@ def cmd_check_data(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from pe_bench.harness.grid.reproduce import reproduce, stored_cells
+
+    if args.epochs < 1:
+        raise ValueError(f"--epochs must be at least 1, got {args.epochs}")
+    wanted = {
+        level: None if text is None else {part.strip() for part in text.split(",") if part.strip()}
+        for level, text in (("task", args.tasks), ("method", args.methods), ("seed", args.seeds))
+    }
+
+    def selected(cell: Path) -> bool:  # RESULTS/runs/TASK/METHOD/seedN
+        names = {"task": cell.parent.parent.name, "method": cell.parent.name, "seed": cell.name.removeprefix("seed")}
+        return all(allowed is None or names[level] in allowed for level, allowed in wanted.items())
+
+    cells = [cell for cell in stored_cells(args.paths) if selected(cell)]
+    if not cells:
+        raise ValueError("no stored cell matches: check the paths and the --tasks/--methods/--seeds filters")
+    print(f"training the first {args.epochs} epoch(s) of {len(cells)} stored cell(s) again on this machine:")
+    results = reproduce(cells, args.epochs, args.data_root, args.progress)
+    same = sum(r.identical for r in results)
+    differ = sum(bool(r.differences) for r in results)
+    skipped = sum(bool(r.skipped) for r in results)
+    print(f"\n{same} identical, {differ} differ, {skipped} skipped (of {len(results)})")
+    return 1 if differ or same == 0 else 0
+
+
 COMMANDS = {
     "run": cmd_run,
     "table": cmd_table,
@@ -752,6 +789,7 @@ COMMANDS = {
     "principles": cmd_principles,
     "check": cmd_check,
     "check-data": cmd_check_data,
+    "reproduce": cmd_reproduce,
 }
 
 

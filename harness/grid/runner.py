@@ -385,6 +385,14 @@ def resolved_config(config: RunConfig, method: MethodSpec, options: dict) -> dic
     return config.model_dump(mode="json") | {"method": method.label, "encoding": method.name, "options": options}
 
 
+def cell_setup(stored: dict[str, Any]) -> tuple[RunConfig, EncodingFactory]:
+    """The inverse of ``resolved_config``: a stored config.yaml's run configuration and the
+    encoding with the cell's own options (``effective`` is a record of how the trainer's
+    settings took effect, not a setting)."""
+    resolved = {k: v for k, v in stored.items() if k not in ("method", "encoding", "options", EFFECTIVE)}
+    return RunConfig(**resolved), EncodingFactory(stored["encoding"], stored["options"])
+
+
 # Settings a finished cell may differ in and still be reused are only those that cannot change
 # what it measures (harness/config_diff.py): experiment trackers. Everything else counts, the
 # ``trainer`` section included: precision and accelerator change the arithmetic,

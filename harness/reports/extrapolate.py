@@ -26,13 +26,10 @@ import pandas as pd
 import torch
 import yaml
 
-from pe_bench.adapters import EncodingFactory
 from pe_bench.adapters import get as get_encoding
 from pe_bench.harness.grid import store
+from pe_bench.harness.grid.runner import cell_setup
 from pe_bench.tasks import get_task
-
-from ..config import RunConfig
-from ..config_diff import EFFECTIVE
 
 
 def parse_resolutions(text: str) -> list[tuple[int, int]]:
@@ -128,13 +125,10 @@ def load_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def load_cell(directory: Path, data_root: Path | None):
     """Rebuild the task and the model of a finished cell and load its best weights."""
-    resolved = yaml.safe_load((directory / "config.yaml").read_text())
-    encoding, options = resolved.pop("encoding"), resolved.pop("options")
-    resolved.pop("method")
-    resolved.pop(EFFECTIVE, None)  # how the trainer's settings resolved in training: a record, not a setting
-    config = RunConfig(**resolved)
+    config, make_encoding = cell_setup(yaml.safe_load((directory / "config.yaml").read_text()))
     task = get_task(config.task)(config, data_root)
-    model = task.build_model(EncodingFactory(encoding, options))
+    model = task.build_model(make_encoding)
+    encoding = make_encoding.name
     state = load_weights(directory / "best.ckpt")
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
     return task, model.eval(), encoding

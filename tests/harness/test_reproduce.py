@@ -1,0 +1,84 @@
+"""``pe-bench reproduce``: a stored cell's first epochs trained again, compared bit for bit."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from pe_bench.harness.cli import main
+from pe_bench.harness.grid import store
+from pe_bench.harness.grid.reproduce import compare_rows, environment_differences, stored_cells
+
+SMALL = ["optim.epochs=3", "data.train_size=64", "data.val_size=16", "data.test_size=16", "model.dim=32",
+         "model.depth=1", "optim.batch_size=16"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("results")
+    argv = ["run", "--tasks", "imagenet", "--methods", "rope", "--out", str(out), "--no-progress"]
+    assert main(argv + [arg for override in SMALL for arg in ("--set", override)]) == 0
+    return out
+
+
+def rows(cell: Path) -> list[dict[str, str]]:
+    with (cell / "metrics.csv").open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_a_stored_cell_reproduces_bit_for_bit(results: Path, capsys) -> None:
+    cell = store.cell_dir(results, "imagenet", "rope", 0)
+    stored = rows(cell)
+    # The learning rate changes every epoch with the 3-epoch schedule: equal rows mean the
+    # shortened fit kept the cell's schedule.
+    assert len({row["lr"] for row in stored}) == 3
+    assert main(["reproduce", str(cell), "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "identical  imagenet · rope · seed 0: 2 epoch(s)" in out and "1 identical, 0 differ" in out
+    assert rows(cell) == stored  # the stored cell is not touched
+
+
+def test_a_changed_number_or_environment_is_reported(results: Path, tmp_path: Path, capsys) -> None:
+    import shutil
+
+    cell = tmp_path / "runs" / "imagenet" / "rope" / "seed0"
+    shutil.copytree(store.cell_dir(results, "imagenet", "rope", 0), cell)
+    stored = rows(cell)
+    loss = float(stored[0]["train/loss"])
+    stored[0]["train/loss"] = repr(loss * (1 + 1e-7))  # one rounding step off, as another machine would be
+    with (cell / "metrics.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(stored[0]))
+        writer.writeheader()
+        writer.writerows(stored)
+    env = json.loads((cell / "env.json").read_text())
+    (cell / "env.json").write_text(json.dumps(env | {"python": "3.0.0"}))
+    assert main(["reproduce", str(tmp_path), "--epochs", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "differs    imagenet · rope · seed 0:" in out and "train/loss differs from epoch 1" in out
+    assert "python: stored 3.0.0" in out and "0 identical, 1 differ" in out
+
+
+def test_filters_and_bad_paths(results: Path, tmp_path: Path, capsys) -> None:
+    assert stored_cells([results]) == [store.cell_dir(results, "imagenet", "rope", 0)]
+    assert main(["reproduce", str(results), "--methods", "pape"]) == 2
+    assert "no stored cell matches" in capsys.readouterr().err
+    assert main(["reproduce", str(tmp_path / "typo")]) == 2
+    assert "neither a cell folder" in capsys.readouterr().err
+
+
+def test_row_comparison() -> None:
+    stored = [{"epoch": "1", "train/loss": "0.5", "lr": "0.1", "seconds": "3.0"}]
+    assert compare_rows(stored, [{"epoch": "1", "train/loss": "0.50", "lr": "0.1", "seconds": "9.0"}], 1) == (1, [])
+    _, lines = compare_rows(stored, [{"epoch": "1", "train/loss": "0.5", "seconds": "3.0"}], 1)
+    assert lines == ["lr differs from epoch 1: stored 0.1, now None"]  # a column one side lacks differs
+    _, lines = compare_rows(stored * 2, [], 2)
+    assert lines == ["trained 0 of 2 epochs"]
+
+
+def test_environment_comparison_skips_what_old_records_lack() -> None:
+    stored = {"python": "3.11.7", "packages": {"torch": "2.14.1"}, "git_sha": "a" * 40, "torch_threads": 1}
+    now = stored | {"packages": {"torch": "2.14.1", "babel": "2.18.0"}, "git_sha": "b" * 40}
+    assert environment_differences(stored, now) == ["code: stored aaaaaaa, now bbbbbbb"]
