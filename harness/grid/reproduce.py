@@ -30,11 +30,11 @@ from pe_bench.harness.grid.loggers import close_loggers
 from pe_bench.harness.grid.progress import METRICS_FILE
 from pe_bench.harness.grid.runner import (
     EFFECTIVE,
-    _fit_trainer,
-    _model_parts,
     cell_setup,
     effective_trainer,
+    fit_trainer,
     lightning_interrupts_kept,
+    model_parts,
     quiet_lightning,
     torch_threads,
 )
@@ -174,12 +174,16 @@ def reproduce_cell(directory: Path, epochs: int, data_root: Path | None = None, 
         return result
     stored_env = _read_json(Path(directory) / "env.json")
     task = get_task(config.task)(config, data_root)
-    task.check_data()
+    try:
+        task.check_data()
+    except (FileNotFoundError, ValueError) as err:  # a real dataset that is not here: the next cell
+        result.skipped = str(err).splitlines()[0]
+        return result
     with tempfile.TemporaryDirectory(prefix="pe-bench-reproduce-") as tmp:
         # the thread count the cell recorded: CPU reductions are summed in another order otherwise
         with torch_threads(stored_env.get("torch_threads")), lightning_interrupts_kept():
-            _, module, data = _model_parts(task, make_encoding, record.seed)
-            trainer, _, loggers = _fit_trainer(task, Path(tmp), progress, "", None, [StopAfterEpochs(epochs)])
+            _, module, data = model_parts(task, make_encoding, record.seed)
+            trainer, _, loggers = fit_trainer(task, Path(tmp), progress, "", None, [StopAfterEpochs(epochs)])
             try:
                 trainer.fit(module, datamodule=data)
             finally:

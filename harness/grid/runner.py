@@ -115,7 +115,7 @@ def effective_trainer(config: RunConfig) -> dict[str, Any]:
     }
 
 
-def _model_parts(task: Task, make_encoding: EncodingFactory, seed: int) -> tuple[Any, Any, Any]:
+def model_parts(task: Task, make_encoding: EncodingFactory, seed: int) -> tuple[Any, Any, Any]:
     """The cell's model, Lightning module and data module, seeded."""
     import lightning as L
 
@@ -124,7 +124,7 @@ def _model_parts(task: Task, make_encoding: EncodingFactory, seed: int) -> tuple
     return model, task.lightning_module(model), task.datamodule(seed)
 
 
-def _fit_trainer(
+def fit_trainer(
     task: Task, workdir: Path, progress: bool, run_name: str, grid: Path | None, callbacks: list[Any]
 ) -> tuple[Any, Any, list[Any]]:
     """The Trainer of a cell's fit (as ``trainer`` asks), its best-validation checkpoint and
@@ -202,8 +202,8 @@ def _train_and_test(
         ranks = cell | {"seed": seed, "workdir": str(workdir), "progress": progress, "run_name": run_name}
         fitted = ddp.fit_in_ranks(workdir, ranks | {"grid": None if grid is None else str(grid)})
         return _test_fitted(task, make_encoding, seed, workdir, progress, fitted)
-    model, module, data = _model_parts(task, make_encoding, seed)
-    trainer, checkpoint, loggers = _fit_trainer(task, workdir, progress, run_name, grid, [])
+    model, module, data = model_parts(task, make_encoding, seed)
+    trainer, checkpoint, loggers = fit_trainer(task, workdir, progress, run_name, grid, [])
     try:
         start = time.perf_counter()
         trainer.fit(module, datamodule=data)
@@ -228,9 +228,9 @@ def fit_ranks(
 ) -> None:  # fmt: skip
     """The fit of one rank of a DDP cell (``python -m pe_bench.harness.grid.ddp``); rank 0
     writes the checkpoint, metrics.csv and the ``summary`` callback's file."""
-    _, module, data = _model_parts(task, make_encoding, seed)
+    _, module, data = model_parts(task, make_encoding, seed)
     ddp.local_metrics(module)
-    trainer, _, loggers = _fit_trainer(task, workdir, progress, run_name, grid, [summary])
+    trainer, _, loggers = fit_trainer(task, workdir, progress, run_name, grid, [summary])
     try:
         trainer.fit(module, datamodule=data)
     finally:
@@ -246,7 +246,7 @@ def _test_fitted(
     config = task.config
     if not fitted["best_path"]:
         raise RuntimeError(f"no checkpoint was saved: val/{task.metric} was never logged")
-    model, module, data = _model_parts(task, make_encoding, seed)
+    model, module, data = model_parts(task, make_encoding, seed)
     devices = config.trainer.devices
     tester = L.Trainer(
         accelerator=config.trainer.accelerator,

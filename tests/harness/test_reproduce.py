@@ -82,3 +82,16 @@ def test_environment_comparison_skips_what_old_records_lack() -> None:
     stored = {"python": "3.11.7", "packages": {"torch": "2.14.1"}, "git_sha": "a" * 40, "torch_threads": 1}
     now = stored | {"packages": {"torch": "2.14.1", "babel": "2.18.0"}, "git_sha": "b" * 40}
     assert environment_differences(stored, now) == ["code: stored aaaaaaa, now bbbbbbb"]
+
+
+def test_a_cell_whose_data_is_missing_is_skipped_with_the_reason(results: Path, monkeypatch, capsys) -> None:
+    from pe_bench.tasks import get_task
+
+    def missing(self, full=False, workers=1):
+        raise FileNotFoundError("imagenet: /data/imagenet lacks train/ (expected DATA_ROOT/imagenet/{train,val}/)")
+
+    monkeypatch.setattr(get_task("imagenet"), "check_data", missing)
+    assert main(["reproduce", str(results)]) == 1  # nothing reproduced is no evidence
+    out = capsys.readouterr().out
+    assert "skipped    imagenet · rope · seed 0: imagenet: /data/imagenet lacks train/" in out
+    assert "0 identical, 0 differ, 1 skipped" in out
