@@ -71,20 +71,26 @@ class Reproduction:
 
 
 def stored_cells(paths: Iterable[Path]) -> list[Path]:
-    """The trained cells among ``paths``: a cell folder (with result.json) stands for itself,
-    a results folder (with runs/) for every cell under it."""
+    """The cells among ``paths``: a cell folder (with result.json) stands for itself, a
+    results folder (with runs/) for every cell under it that is not n/a (nothing was trained)."""
     cells: list[Path] = []
     for path in map(Path, paths):
         if (path / store.RECORD).is_file():
             cells.append(path)
         elif (path / "runs").is_dir():
-            cells += sorted(p.parent for p in (path / "runs").glob(f"*/*/seed*/{store.RECORD}"))
+            found = sorted(p.parent for p in (path / "runs").glob(f"*/*/seed*/{store.RECORD}"))
+            cells += [cell for cell in found if not _not_applicable(cell)]
         else:
             raise FileNotFoundError(
                 f"{path} is neither a cell folder (RESULTS/runs/TASK/METHOD/seedN with {store.RECORD}) "
                 "nor a results folder (with runs/)"
             )
     return cells
+
+
+def _not_applicable(cell: Path) -> bool:
+    record = store.read_record(cell)
+    return record is not None and record.status == store.STATUS_NA
 
 
 def read_metrics(path: Path) -> list[dict[str, str]]:

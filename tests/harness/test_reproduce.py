@@ -95,3 +95,13 @@ def test_a_cell_whose_data_is_missing_is_skipped_with_the_reason(results: Path, 
     out = capsys.readouterr().out
     assert "skipped    imagenet · rope · seed 0: imagenet: /data/imagenet lacks train/" in out
     assert "0 identical, 0 differ, 1 skipped" in out
+
+
+def test_a_results_folder_leaves_out_its_na_cells(results: Path, tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(results / "runs", tmp_path / "runs")
+    na = store.CellRecord(task="imagenet", method="lookhere", seed=0, profile="tiny", status=store.STATUS_NA,
+                          reason="not defined for these positions")  # fmt: skip
+    store.write_record(store.cell_dir(tmp_path, "imagenet", "lookhere", 0), na)
+    assert stored_cells([tmp_path]) == [store.cell_dir(tmp_path, "imagenet", "rope", 0)]
