@@ -110,7 +110,7 @@ def compare_rows(stored: list[dict[str, str]], now: list[dict[str, str]], epochs
             a, b = old.get(column), new.get(column)
             if _value(a) != _value(b):
                 differences[column] = f"{column} differs from epoch {old.get('epoch', '?')}: stored {a}, now {b}"
-    if compared < epochs and len(now) < min(epochs, len(stored)):
+    if len(now) < min(epochs, len(stored)):  # the fit ended early
         differences["epochs"] = f"trained {len(now)} of {min(epochs, len(stored))} epochs"
     return compared, list(differences.values())
 

@@ -128,10 +128,9 @@ def load_cell(directory: Path, data_root: Path | None):
     config, make_encoding = cell_setup(yaml.safe_load((directory / "config.yaml").read_text()))
     task = get_task(config.task)(config, data_root)
     model = task.build_model(make_encoding)
-    encoding = make_encoding.name
     state = load_weights(directory / "best.ckpt")
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
-    return task, model.eval(), encoding
+    return task, model.eval(), make_encoding.name
 
 
 @torch.inference_mode()

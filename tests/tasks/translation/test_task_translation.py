@@ -291,7 +291,6 @@ def test_tiny_corpus_is_the_one_the_records_were_trained_on() -> None:
     import hashlib
 
     import babel
-    import num2words  # noqa: F401  (its version comes from the package metadata)
 
     from pe_bench.harness.data import package_version
 
@@ -309,31 +308,24 @@ def test_tokenizer_vocabulary_does_not_depend_on_the_machine(tmp_path: Path, mon
     test can fail); pe-bench's trainer uses a fixed count whatever the CPU count."""
     import os
 
-    import sentencepiece as spm
-
-    from pe_bench.tasks.translation.tokenizer import train_tokenizer
+    from pe_bench.tasks.translation import tokenizer
 
     texts = [t for pair in build_pairs(6000, seed=11) for t in pair]
 
-    def pieces(model_file: Path) -> list[tuple[str, float]]:
-        sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    def pieces(cache: str) -> list[tuple[str, float]]:
+        sp = tokenizer.train_tokenizer(texts, 1000, tmp_path / cache).sp
         return [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())]
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    fixed = tokenizer.TRAINER_THREADS
     by_threads = []
     for threads in (1, 4):
-        prefix = tmp_path / f"raw{threads}"
-        spm.SentencePieceTrainer.train(
-            input=str(corpus), model_prefix=str(prefix), vocab_size=1000, model_type="unigram",
-            character_coverage=1.0, pad_id=PAD, unk_id=1, bos_id=BOS, eos_id=EOS,
-            hard_vocab_limit=False, num_threads=threads, minloglevel=2,
-        )  # fmt: skip
-        by_threads.append(pieces(prefix.with_suffix(".model")))
+        monkeypatch.setattr(tokenizer, "TRAINER_THREADS", threads)
+        by_threads.append(pieces(f"threads{threads}"))
     assert by_threads[0] != by_threads[1], "sentencepiece no longer depends on its thread count"
 
+    monkeypatch.setattr(tokenizer, "TRAINER_THREADS", fixed)
     trained = []
     for cpus in (1, 16):
         monkeypatch.setattr(os, "cpu_count", lambda cpus=cpus: cpus)
-        trained.append(pieces(train_tokenizer(texts, 1000, tmp_path / f"cache{cpus}").model_file))
+        trained.append(pieces(f"cpus{cpus}"))
     assert trained[0] == trained[1]
