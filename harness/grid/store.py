@@ -461,5 +461,8 @@ def environment() -> dict[str, Any]:
         "git_sha": git_sha(),
         "device": device_description(),
         "torch_threads": torch.get_num_threads(),
+        # the instruction set torch's CPU kernels dispatch to (AVX512, AVX2, ...): another one
+        # sums in another order, so a record's bits hold only where this is the same
+        "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
         "cuda": torch.version.cuda,
     }

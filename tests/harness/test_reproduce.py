@@ -82,6 +82,9 @@ def test_environment_comparison_skips_what_old_records_lack() -> None:
     stored = {"python": "3.11.7", "packages": {"torch": "2.14.1"}, "git_sha": "a" * 40, "torch_threads": 1}
     now = stored | {"packages": {"torch": "2.14.1", "babel": "2.18.0"}, "git_sha": "b" * 40}
     assert environment_differences(stored, now) == ["code: stored aaaaaaa, now bbbbbbb"]
+    # records from stop 44 on name the CPU kernels' instruction set: another one sums in another order
+    assert environment_differences(stored | {"cpu_kernels": "AVX2"}, now | {"cpu_kernels": "AVX512"}) == [
+        "cpu_kernels: stored AVX2, now AVX512", "code: stored aaaaaaa, now bbbbbbb"]  # fmt: skip
 
 
 def test_a_cell_whose_data_is_missing_is_skipped_with_the_reason(results: Path, monkeypatch, capsys) -> None:

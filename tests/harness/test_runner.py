@@ -189,6 +189,7 @@ def test_finished_cells_of_another_configuration_are_not_reused(tmp_path, capsys
     assert run(tmp_path, "rope", "--set", f"trainer.threads={wanted}") == 0
     env = json.loads((store.cell_dir(tmp_path, "imagenet", "rope", 0) / "env.json").read_text())
     assert env["torch_threads"] == wanted
+    assert env["cpu_kernels"] == torch.backends.cpu.get_cpu_capability()  # a record's bits hold only there
     assert torch.get_num_threads() == threads  # restored after the cell
     stored = {"task": "imagenet", "model": {"dim": 32}, "data": {"a": 1}}
     # A field added since the cell ran counts only away from its default (the old behaviour).
