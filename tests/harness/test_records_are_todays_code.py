@@ -4,7 +4,7 @@ no longer gives (stops 39-41 moved 24 cells' training that way unnoticed until s
 `pe-bench reproduce`). So one seed-0 record per encoding, on a task chosen so that every task
 is checked too, is trained again for one epoch here and compared bit for bit. A sample, not the
 whole check: `pe-bench reproduce results/reference/* --seeds 0` trains the first epoch of every
-seed-0 record (127 cells, about 25 minutes on 2 cores).
+seed-0 record (126 cells, about 25 minutes on 2 cores).
 
 Bits are defined only on the arithmetic the records were trained with: the test runs where
 torch and the CPU kernels are those of the records (x86-64 with AVX-512, torch 2.14.1, one

@@ -122,7 +122,11 @@ def test_shipped_records_are_of_the_current_tiny_profiles(folder, tmp_path, caps
     out = _copy(folder, tmp_path)
     cells = len(list((out / "runs").glob("*/*/seed*/result.json")))
     plan = _dry_run(out, capsys)
-    assert f"would do: {cells} reuse\n" in plan, plan[-2000:]
+    # A folder may hold some cells of its grid (a retrained cell's old record is removed from
+    # its folder, stop 44): the rest would train; what matters is that every stored cell is reused.
+    summary = re.search(r"would do: (.*)\n", plan)
+    assert summary and f"{cells} reuse" in summary.group(1).split(", "), plan[-2000:]
+    assert not re.search(r"conflict|retry", summary.group(1)), plan[-2000:]
     # The check can fail: a changed schedule makes every trained cell a conflict.
     trained = len(list((out / "runs").glob("*/*/seed*/config.yaml")))
     changed = _dry_run(out, capsys, "--set", "optim.epochs=999")
