@@ -14,7 +14,9 @@ FlexAttention ``score_mod`` runs on FlexAttention where that pays (CUDA, compile
 the N x N bias is never stored; elsewhere the SDPA + dense-bias path runs, and it stays
 the reference that tests compare Flex against (``attention_kernel("flex")`` forces Flex,
 on CPU too, where eager FlexAttention runs forward only). Attention dropout has no Flex
-form, so training with ``dropout > 0`` keeps the dense path.
+form, so training with ``dropout > 0`` keeps the dense path. A model's layers can be given
+their own choice (``set_attention_kernel``, ``trainer.attention_kernel``): at short
+sequences the dense bias is small, and which kernel is faster there is a measurement.
 """
 
 from __future__ import annotations
@@ -38,23 +40,42 @@ _kernel_policy: KernelPolicy = "auto"
 
 @contextlib.contextmanager
 def attention_kernel(policy: KernelPolicy) -> Iterator[None]:
-    """Choose the bias encodings' kernel inside the block: "auto" (Flex on CUDA), "flex"
-    (Flex wherever the encoding offers a score_mod) or "dense" (SDPA with the N x N bias)."""
+    """Choose the bias encodings' kernel inside the block, for every layer: "flex" (Flex
+    wherever the encoding offers a score_mod) or "dense" (SDPA with the N x N bias) override
+    each layer's own choice (``set_attention_kernel``), as a measurement or a test needs;
+    "auto" leaves each layer's own, whose "auto" is Flex on CUDA."""
     global _kernel_policy
-    if policy not in _KERNEL_POLICIES:
-        raise ValueError(f"attention_kernel: policy must be one of {_KERNEL_POLICIES}, got {policy!r}")
-    previous, _kernel_policy = _kernel_policy, policy
+    previous, _kernel_policy = _kernel_policy, check_kernel_policy(policy, "attention_kernel")
     try:
         yield
     finally:
         _kernel_policy = previous
 
 
-def wants_flex(device: torch.device) -> bool:
-    """Whether bias encodings should take the Flex path for tensors on ``device``."""
-    if _kernel_policy == "auto":
+def check_kernel_policy(policy: str, where: str) -> KernelPolicy:
+    if policy not in _KERNEL_POLICIES:
+        raise ValueError(f"{where}: the attention kernel must be one of {_KERNEL_POLICIES}, got {policy!r}")
+    return policy
+
+
+def wants_flex(device: torch.device, layer_policy: KernelPolicy = "auto") -> bool:
+    """Whether bias encodings should take the Flex path for tensors on ``device``: an
+    ``attention_kernel`` block's choice, else the layer's own, else Flex on CUDA."""
+    policy = layer_policy if _kernel_policy == "auto" else _kernel_policy
+    if policy == "auto":
         return device.type == "cuda"
-    return _kernel_policy == "flex"
+    return policy == "flex"
+
+
+def set_attention_kernel(model: nn.Module, policy: KernelPolicy) -> nn.Module:
+    """Give every attention layer of ``model`` its own choice of the bias encodings' kernel
+    (``trainer.attention_kernel``, ``bench --attention-kernel``); "auto": Flex on CUDA. Set
+    before compiling: a compiled graph keeps the kernel it was traced with."""
+    check_kernel_policy(policy, "set_attention_kernel")
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.kernel = policy
+    return model
 
 
 def flex_attention_with_masks(
@@ -154,6 +175,10 @@ class Attention(nn.Module):
     values) and its ``key`` layout are given.
     """
 
+    #: the bias encodings' kernel for this layer ("auto": the process's choice, Flex on
+    #: CUDA); ``set_attention_kernel`` sets it for a whole model (``trainer.attention_kernel``)
+    kernel: KernelPolicy = "auto"
+
     def __init__(
         self,
         dim: int,
@@ -237,7 +262,7 @@ class Attention(nn.Module):
 
     def _flex_score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod | None:
         """The encoding's score_mod when the Flex path should run, else None."""
-        if self.encoding is None or not wants_flex(q.device) or (self.training and self.dropout > 0):
+        if self.encoding is None or not wants_flex(q.device, self.kernel) or (self.training and self.dropout > 0):
             return None
         return self.encoding.score_mod(q, k, inputs)
 

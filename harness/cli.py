@@ -197,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--task", default=None, help="only the task's own benchmark (e.g. tokenizer throughput)")
     bench.add_argument("--compile", action="store_true", help="torch.compile every model")
     bench.add_argument(
+        "--attention-kernel",
+        default="auto",
+        choices=["auto", "flex", "dense"],
+        help="the bias encodings' kernel: auto (FlexAttention on CUDA, SDPA + dense bias on CPU), flex or dense",
+    )
+    bench.add_argument(
         "--throughput", action=argparse.BooleanOptionalAction, default=None, help="img/s table (default: on CUDA)"
     )
     bench.add_argument("--throughput-batch", type=_ints, default=[1, 128], help="batches of the img/s table")
@@ -522,6 +528,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     if args.grid:
         return _grid_bench(args)
+    _check_attention_kernel(args)
     if args.profile_step:
         return _profile_steps(args)
     if args.pape_precision:
@@ -542,7 +549,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     spec = BenchSpec(
         args.model, methods, batches, args.train_batch, args.repeats, args.image_size, args.device, args.threads
     )
-    spec.compile = args.compile
+    spec.compile, spec.attention_kernel = args.compile, args.attention_kernel
     threads = args.threads or _torch_threads()
     lines = [f"# pe-bench bench: {args.model}, {args.repeats} repeats, torch threads: {threads}", header(), ""]
     forward = None
@@ -567,7 +574,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         def say(row: dict) -> None:  # each point as it ends: a run cut off keeps what it finished
             print("sweep:", json.dumps(row), flush=True)
 
-        sweep = sweep_table(sweep_methods, args.sweep, device=args.device, on_row=say)
+        sweep = sweep_table(sweep_methods, args.sweep, device=args.device, on_row=say, kernel=args.attention_kernel)
         precision = "bf16 autocast, allocator peak" if device_kind == "cuda" else "fp32, 1 thread, peak RSS"
         block = [
             f"## One attention layer (dim 768, 12 heads; {precision}): peak memory (MiB) / time (ms) per forward",
@@ -610,11 +617,24 @@ def _profile_steps(args: argparse.Namespace) -> int:
     from pe_bench.harness.reports.bench import BenchSpec, profile_step
 
     spec = BenchSpec(args.model, (), (), 0, args.repeats, args.image_size, args.device, args.threads)
+    spec.attention_kernel = args.attention_kernel
     batch = max(args.throughput_batch)
     for method in _bench_methods(args.profile_step):
         title = f"## {method}: training step at batch {batch} ({args.model}, {args.device}), operators by self time"
         print(title, profile_step(method, spec, batch), sep="\n", flush=True)
     return 0
+
+
+def _check_attention_kernel(args: argparse.Namespace) -> None:
+    """--attention-kernel flex trains only on CUDA: refuse a CPU run that times training."""
+    if args.attention_kernel != "flex" or args.device.startswith("cuda"):
+        return
+    training = bool(args.profile_step) or (not args.pape_precision and (args.train_batch > 0 or bool(args.throughput)))
+    if training:
+        raise ValueError(
+            "bench --attention-kernel flex on the CPU: FlexAttention has no backward there, so no training step"
+            " can be timed; add --train-batch 0 (and leave out --throughput and --profile-step), or use --device cuda"
+        )
 
 
 def _bench_methods(text: str) -> tuple[str, ...]:

@@ -34,11 +34,16 @@ from .config import TrainerConfig
 BLOCK_RECOMPILE_LIMIT = 256
 
 
+def trains_on_cuda(trainer: TrainerConfig) -> bool:
+    """Whether ``trainer`` trains on CUDA here (what the "auto" settings resolve by)."""
+    return torch.cuda.is_available() and trainer.accelerator in ("auto", "gpu", "cuda")
+
+
 def compile_enabled(trainer: TrainerConfig) -> bool:
     """``trainer.compile`` resolved: "auto" is on when the run trains on CUDA."""
     if trainer.compile != "auto":
         return trainer.compile
-    return torch.cuda.is_available() and trainer.accelerator in ("auto", "gpu", "cuda")
+    return trains_on_cuda(trainer)
 
 
 def compile_regions(model: nn.Module) -> list[nn.Module]:

@@ -29,7 +29,8 @@ from pe_bench.adapters import EncodingFactory
 from pe_bench.adapters.base import positional_parameters
 from pe_bench.tasks import Task, get_task
 
-from ..compile import compile_enabled, maybe_compile
+from ..attention import set_attention_kernel
+from ..compile import compile_enabled, maybe_compile, trains_on_cuda
 from ..config import RunConfig, deep_merge, load_run_config, profile_section
 from ..config_diff import ABSENT, EFFECTIVE, config_differences
 from ..module import DivergedError
@@ -98,8 +99,21 @@ def quiet_lightning() -> None:
 def resolve_precision(config: RunConfig) -> str:
     if config.trainer.precision != "auto":
         return config.trainer.precision
-    on_gpu = torch.cuda.is_available() and config.trainer.accelerator in ("auto", "gpu", "cuda")
-    return "bf16-mixed" if on_gpu else "32-true"
+    return "bf16-mixed" if trains_on_cuda(config.trainer) else "32-true"
+
+
+def resolve_attention_kernel(config: RunConfig) -> str:
+    """``trainer.attention_kernel`` resolved for the bias encodings: "flex" or "dense"."""
+    kernel, on_cuda = config.trainer.attention_kernel, trains_on_cuda(config.trainer)
+    if kernel == "auto":
+        return "flex" if on_cuda else "dense"
+    if kernel == "flex" and not on_cuda:
+        raise ValueError(
+            f"trainer.attention_kernel: flex trains on CUDA only (torch {torch.__version__}'s "
+            "FlexAttention has no backward on CPU), and this cell trains on the CPU; set it to "
+            "auto or dense (the same function, the N x N bias in memory)"
+        )
+    return kernel
 
 
 def effective_trainer(config: RunConfig) -> dict[str, Any]:
@@ -107,10 +121,13 @@ def effective_trainer(config: RunConfig) -> dict[str, Any]:
     in its config.yaml as ``effective``. ``auto`` (the default of precision, compile and
     devices) means bf16 and compiled on a GPU but fp32 and eager on a CPU, and every GPU of
     the machine (DDP: a larger global batch): two cells asking for the same configuration can
-    have run differently, which the tables must be able to show (harness/config_diff.py)."""
+    have run differently, which the tables must be able to show (harness/config_diff.py).
+    ``attention_kernel`` ("flex" or "dense") is the bias encodings' kernel, for every method
+    (cells of one task should compare equal whichever encoding they hold)."""
     return {
         "precision": resolve_precision(config),
         "compile": compile_enabled(config.trainer),
+        "attention_kernel": resolve_attention_kernel(config),
         "world_size": ddp.probe_trainer(config.trainer).world_size,
     }
 
@@ -120,7 +137,8 @@ def model_parts(task: Task, make_encoding: EncodingFactory, seed: int) -> tuple[
     import lightning as L
 
     L.seed_everything(seed, workers=True, verbose=False)
-    model = maybe_compile(task.build_model(make_encoding), task.config.trainer)  # trainer.compile (auto: on CUDA)
+    model = set_attention_kernel(task.build_model(make_encoding), resolve_attention_kernel(task.config))
+    model = maybe_compile(model, task.config.trainer)  # trainer.compile (auto: on CUDA)
     return model, task.lightning_module(model), task.datamodule(seed)
 
 

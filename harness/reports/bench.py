@@ -42,7 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout
 from pe_bench.adapters import build as build_encoding
 from pe_bench.adapters.base import positional_parameters
-from pe_bench.harness.attention import Attention
+from pe_bench.harness.attention import Attention, attention_kernel, set_attention_kernel
 from pe_bench.harness.config import ModelConfig
 from pe_bench.harness.reports.op_count import bytes_written_per_step, operators_per_pass
 from pe_bench.tasks._shared.vit import ViT, image_geometry
@@ -73,6 +73,8 @@ class BenchSpec:
     device: str = "cpu"
     threads: int | None = None  # torch threads while timing (None: torch's current setting)
     compile: bool = False  # torch.compile every model (pe-bench bench --compile)
+    # the bias encodings' kernel (pe-bench bench --attention-kernel; harness/attention.py)
+    attention_kernel: str = "auto"
 
 
 def _positional_parameters(model: torch.nn.Module) -> int:
@@ -108,6 +110,7 @@ def _build_vit(method: str, spec: BenchSpec) -> tuple[torch.nn.Module, int]:
     parsed = parse_method(method)
     make_encoding = EncodingFactory(parsed.name, dict(parsed.options))
     model = ViT(make_encoding, image_geometry((size, size), config.patch_size), config, 3, 1000)
+    set_attention_kernel(model, spec.attention_kernel)
     if spec.compile:
         model.compile()
     return model.eval().to(spec.device), size
@@ -199,7 +202,10 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
             row[column] = round(measured.median * 1000 / per_call, 3)
             row[f"{column}_iqr"] = round(measured.iqr * 1000 / per_call, 3)
             row[f"{column}_vs_nopos"] = round(measured.median / times[("nopos", column)].median, 3)
-        row["gflops_per_image"] = round(flops_per_image(models[method], size, spec.device) / 1e9, 4)
+        # Counted on the dense path: the counters are dispatch modes, inside which a compiled
+        # Flex kernel cannot run (and eager Flex has no backward on CPU); the same arithmetic.
+        with attention_kernel("dense"):
+            row["gflops_per_image"] = round(flops_per_image(models[method], size, spec.device) / 1e9, 4)
         row["peak_mib"] = memory[method]
         row["mem_vs_nopos"] = None if not memory["nopos"] or memory[method] is None else round(
             memory[method] / memory["nopos"], 3
@@ -208,10 +214,11 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
         row["params"] = sum(p.numel() for p in models[method].parameters())
         row["sdpa"] = sdpa_backend(models[method], first, spec.device)
         if not spec.compile:  # a compiled model runs fused kernels, not these operators
-            with _autocast(spec.device):
+            with _autocast(spec.device), attention_kernel("dense"):
                 row["ops_fwd"], row["ops_train"] = operators_per_pass(models[method], first[:1])
             if spec.train_batch:
-                row[f"written_mib_train_b{spec.train_batch}_bf16"] = bf16_mib_written(models[method], size, spec)
+                with attention_kernel("dense"):
+                    row[f"written_mib_train_b{spec.train_batch}_bf16"] = bf16_mib_written(models[method], size, spec)
         rows.append(row)
     return pd.DataFrame(rows).set_index("method")
 
@@ -258,7 +265,7 @@ def vit_peak_memory(method: str, spec: BenchSpec) -> float | None:
         images = torch.randn(spec.batches[0], 3, size, size, device=spec.device)
         with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
             return round(_cuda_peak_mib(lambda: model(images)), 1)
-    args = f"{method!r}, {spec.model!r}, {spec.batches[0]}, {spec.image_size!r}"
+    args = f"{method!r}, {spec.model!r}, {spec.batches[0]}, {spec.image_size!r}, {spec.attention_kernel!r}"
     result = _in_subprocess(f"from pe_bench.harness.reports.bench import _vit_memory_child as f; print(f({args}))")
     return None if result is None else round(float(result), 1)
 
@@ -275,13 +282,13 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _vit_memory_child(method: str, model_name: str, batch: int, image_size: int | None) -> float:
+def _vit_memory_child(method: str, model_name: str, batch: int, image_size: int | None, kernel: str = "auto") -> float:
     """Peak RSS of building the model and running one forward, above the bare torch process.
     (Measured from the start: freed pages are reused, so a delta around the forward alone
     would hide everything below the high-water mark that construction left.)"""
     torch.set_num_threads(1)
     baseline = _peak_rss_mib()
-    spec = BenchSpec(model=model_name, batches=(batch,), image_size=image_size)
+    spec = BenchSpec(model=model_name, batches=(batch,), image_size=image_size, attention_kernel=kernel)
     model, size = _build_vit(method, spec)
     with torch.inference_mode():
         model(torch.randn(batch, 3, size, size))
@@ -316,7 +323,7 @@ def _in_subprocess(code: str) -> str | None:
 
 
 def _attention_layer(
-    method: str, tokens: int, dim: int, heads: int, device: str = "cpu"
+    method: str, tokens: int, dim: int, heads: int, device: str = "cpu", kernel: str = "auto"
 ) -> tuple[Attention, torch.Tensor, PositionLayout]:
     from pe_bench.harness.grid.methods import parse_method
 
@@ -324,13 +331,15 @@ def _attention_layer(
     parsed = parse_method(method)
     geometry = Geometry(pos_dim=2, grid_shape=(side, side), num_prefix_tokens=0)
     encoding = build_encoding(parsed.name, geometry, dim, heads, 1, dict(parsed.options)).to(device)
-    layer = Attention(dim, heads, encoding.make_layer(0)).eval().to(device)
+    layer = set_attention_kernel(Attention(dim, heads, encoding.make_layer(0)).eval().to(device), kernel)
     layout = encoding.prepare(PositionLayout.grid(1, (side, side), device=device))
     x = encoding.embed(torch.randn(1, side * side, dim, device=device), layout)
     return layer, x, layout
 
 
-def _peak_memory_child(method: str, tokens: int, dim: int, heads: int, device: str = "cpu") -> dict:
+def _peak_memory_child(
+    method: str, tokens: int, dim: int, heads: int, device: str = "cpu", kernel: str = "auto"
+) -> dict:
     """Runs in a subprocess: the time and peak memory of one attention layer's forward.
 
     CPU (fp32, one thread): peak RSS above the bare torch process of building the layer with
@@ -342,7 +351,7 @@ def _peak_memory_child(method: str, tokens: int, dim: int, heads: int, device: s
         torch.set_num_threads(1)
         baseline = _peak_rss_mib()
         with torch.inference_mode():
-            layer, x, layout = _attention_layer(method, tokens, dim, heads)
+            layer, x, layout = _attention_layer(method, tokens, dim, heads, kernel=kernel)
             start = time.perf_counter()
             layer(x, layout)
             elapsed = time.perf_counter() - start
@@ -357,7 +366,7 @@ def _peak_memory_child(method: str, tokens: int, dim: int, heads: int, device: s
         end.record()
 
     with torch.inference_mode(), _autocast(device):
-        layer, x, layout = _attention_layer(method, tokens, dim, heads, device)
+        layer, x, layout = _attention_layer(method, tokens, dim, heads, device, kernel)
         layer(x, layout)
         peak = _cuda_peak_mib(timed_forwards)
     return {"peak_mib": peak, "ms": start.elapsed_time(end) / repeats}
@@ -392,27 +401,29 @@ def sweep_table(
     heads: int = 12,
     device: str = "cpu",
     on_row: Callable[[dict], None] | None = None,
+    kernel: str = "auto",
 ) -> pd.DataFrame:
     """Time (ms) and peak memory (MiB) of one attention layer as the token count grows, one
     row per (tokens, method) with its ``status``: "ok", "skipped: ..." or the failure ("OOM",
     "error: ..." with a kernel's message), which is a result here, not a crash. Every point runs
     in a fresh process (see ``_peak_memory_child`` for what is measured per device);
-    ``on_row`` sees each row as soon as it is measured."""
+    ``on_row`` sees each row as soon as it is measured; ``kernel`` is the bias encodings'."""
     rows: list[dict] = []
     report = on_row or (lambda row: None)
+    dense = kernel == "dense" or (kernel == "auto" and not device.startswith("cuda"))
     for tokens in token_counts:
         for method in methods:
             row: dict[str, object] = {"tokens": tokens, "method": method, "peak_mib": None, "ms": None}
-            if not device.startswith("cuda") and _explicit_pape_bytes(method, tokens, heads) > EXPLICIT_BUDGET:
+            if dense and _explicit_pape_bytes(method, tokens, heads) > EXPLICIT_BUDGET:
                 # The dense Eq. 9 bias holds a (B, H, N, N, m) tensor: past a few GiB it would
                 # only exhaust the machine; the row shows where the efficient form keeps going.
-                # (CUDA evaluates it with FlexAttention, without the tensor: not skipped there.)
+                # (Flex, CUDA's default kernel, evaluates it without the tensor: not skipped there.)
                 rows.append({**row, "status": f"skipped: dense bias > {EXPLICIT_BUDGET / 2**30:.0f} GiB"})
                 report(rows[-1])
                 continue
             code = (
                 "import json; from pe_bench.harness.reports.bench import _peak_memory_child as f;"
-                f"print(json.dumps(f({method!r}, {tokens}, {dim}, {heads}, {device!r})))"
+                f"print(json.dumps(f({method!r}, {tokens}, {dim}, {heads}, {device!r}, {kernel!r})))"
             )
             result, reason = _run_child(code)
             if result is None:

@@ -183,7 +183,9 @@ def test_finished_cells_of_another_configuration_are_not_reused(tmp_path, capsys
     # how "auto" resolved on this CPU; the request (not run yet) has no such section: reused
     config = yaml.safe_load((store.cell_dir(tmp_path, "imagenet", "nopos", 0) / "config.yaml").read_text())
     assert config["trainer"]["precision"] == "auto" and config["trainer"]["compile"] == "auto"
-    assert config["effective"] == {"precision": "32-true", "compile": False, "world_size": 1}
+    assert config["trainer"]["attention_kernel"] == "auto"
+    on_cpu = {"precision": "32-true", "compile": False, "attention_kernel": "dense", "world_size": 1}
+    assert config["effective"] == on_cpu
     threads = torch.get_num_threads()
     wanted = 2 if threads == 1 else 1  # differs from the current setting, so the check can fail
     assert run(tmp_path, "rope", "--set", f"trainer.threads={wanted}") == 0

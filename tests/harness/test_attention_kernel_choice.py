@@ -1,0 +1,125 @@
+"""``trainer.attention_kernel`` and ``bench --attention-kernel``: a model's attention layers
+carry their own choice of the bias encodings' kernel (FlexAttention or SDPA with the dense
+bias), which wins over the process's, gives the same function, and is recorded with a
+cell as it resolved.
+
+On CPU FlexAttention runs forward only, so the kernels are compared without gradients
+here; tests/harness/test_flex_attention.py's ``gpu`` tests compare gradients on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pe_bench.adapters import EncodingFactory
+from pe_bench.harness import attention as attention_module
+from pe_bench.harness.attention import Attention, attention_kernel, set_attention_kernel
+from pe_bench.harness.cli import main
+from pe_bench.harness.config import ConfigError, ModelConfig, load_run_config, parse_overrides
+from pe_bench.harness.grid.methods import parse_method
+from pe_bench.harness.grid.runner import effective_trainer, model_parts, resolve_attention_kernel
+from pe_bench.harness.reports.bench import _attention_layer
+from pe_bench.tasks import get_task
+from pe_bench.tasks._shared.vit import ViT, image_geometry
+
+TINY = ModelConfig(dim=32, depth=2, num_heads=4, mlp_ratio=2.0, patch_size=4)
+
+
+def _alibi_vit() -> ViT:
+    torch.manual_seed(0)
+    model = ViT(EncodingFactory("alibi", {}), image_geometry((16, 16), 4), TINY, 3, 10).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "encoding" in name:  # slopes large enough that the bias moves the attention
+                parameter.normal_(0.0, 0.5)
+    return model
+
+
+def _count_flex_calls(monkeypatch) -> list[int]:
+    calls = []
+    original = attention_module.flex_attention_with_masks
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention_module, "flex_attention_with_masks", counted)
+    return calls
+
+
+def test_a_models_own_kernel_gives_the_same_function_and_a_block_overrides_it(monkeypatch):
+    calls = _count_flex_calls(monkeypatch)
+    model = _alibi_vit()
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        dense = model(images)  # auto on CPU: the dense reference
+        assert calls == []
+        set_attention_kernel(model, "flex")
+        flex = model(images)
+        assert len(calls) == TINY.depth
+        with attention_kernel("auto"):  # leaves the layers' own choice
+            assert torch.equal(model(images), flex)
+        assert len(calls) == 2 * TINY.depth
+        with attention_kernel("dense"):  # a measurement's block overrides it
+            assert torch.equal(model(images), dense)
+        assert len(calls) == 2 * TINY.depth
+        set_attention_kernel(model, "auto")
+        with attention_kernel("flex"):
+            model(images)
+        assert len(calls) == 3 * TINY.depth
+    assert {layer.kernel for layer in model.modules() if isinstance(layer, Attention)} == {"auto"}
+    torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)
+
+
+def test_unknown_kernel_is_named():
+    with pytest.raises(ValueError, match="set_attention_kernel.*auto.*flex.*dense.*'fast'"):
+        set_attention_kernel(_alibi_vit(), "fast")
+    with pytest.raises(ConfigError, match="trainer.attention_kernel"):
+        load_run_config("imagenet", "tiny", parse_overrides(["trainer.attention_kernel=fast"]))
+
+
+def test_the_trainer_setting_resolves_by_device_and_is_recorded(monkeypatch):
+    def config(kernel: str, accelerator: str = "auto"):
+        overrides = [f"trainer.attention_kernel={kernel}", f"trainer.accelerator={accelerator}"]
+        return load_run_config("imagenet", "tiny", parse_overrides(overrides))
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_attention_kernel(config("auto")) == "dense"
+    assert resolve_attention_kernel(config("dense")) == "dense"
+    assert effective_trainer(config("auto"))["attention_kernel"] == "dense"
+    with pytest.raises(ValueError, match=r"trainer.attention_kernel: flex trains on CUDA only.*auto or dense"):
+        resolve_attention_kernel(config("flex"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_attention_kernel(config("auto")) == "flex"
+    assert resolve_attention_kernel(config("dense")) == "dense"
+    assert resolve_attention_kernel(config("auto", "cpu")) == "dense"
+    with pytest.raises(ValueError, match="flex trains on CUDA only"):
+        resolve_attention_kernel(config("flex", "cpu"))
+
+
+def test_a_cells_model_carries_the_trainers_kernel():
+    config = load_run_config("imagenet", "tiny", parse_overrides(["trainer.attention_kernel=dense"]))
+    task = get_task("imagenet")(config)
+    method = parse_method("alibi")
+    model, _, _ = model_parts(task, EncodingFactory(method.name, dict(method.options)), seed=0)
+    layers = [module for module in model.modules() if isinstance(module, Attention)]
+    assert layers and {layer.kernel for layer in layers} == {"dense"}
+
+
+def test_bench_layers_take_the_kernel_asked_for(monkeypatch):
+    calls = _count_flex_calls(monkeypatch)
+    outputs = {}
+    for kernel in ("dense", "flex"):
+        torch.manual_seed(0)
+        layer, x, layout = _attention_layer("alibi", 36, 32, 4, kernel=kernel)
+        assert layer.kernel == kernel
+        with torch.no_grad():
+            outputs[kernel] = layer(x, layout)
+    assert len(calls) == 1
+    torch.testing.assert_close(outputs["flex"], outputs["dense"], atol=1e-5, rtol=1e-5)
+
+
+def test_bench_refuses_to_time_flex_training_on_the_cpu(capsys):
+    assert main(["bench", "--device", "cpu", "--attention-kernel", "flex", "--methods", "alibi"]) != 0
+    error = capsys.readouterr().err
+    assert "--attention-kernel flex on the CPU" in error and "--train-batch 0" in error
