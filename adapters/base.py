@@ -246,6 +246,16 @@ class LayerEncoding(nn.Module):
         relpos define it. Encodings whose bias lives inside S = q.k (PaPE Eq. 9) scale it."""
         return None
 
+    def dense_bias_elements(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> int:
+        """Elements of the largest tensor ``bias`` builds, which the attention core weighs
+        (``trainer.attention_kernel: auto`` on CUDA) against FlexAttention: one (B or 1, H,
+        Nq, Nk) bias, one sample's when the batch shares positions and padding
+        (``first_sample_if_shared``) and no key padding must be masked into it per sample.
+        Encodings whose dense path builds more (per-sample gates, a per-pair m-vector) say so."""
+        per_sample = inputs.key.valid is not None
+        batch = q.shape[0] if per_sample else first_sample_if_shared(inputs).x_q.shape[0]
+        return batch * q.shape[1] * q.shape[-2] * k.shape[-2]
+
     def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod | None:
         """``bias`` as a FlexAttention score_mod (optional): ``score + bias[b, h, i, j]``, with
         the bias computed from per-token tensors inside the function, never stored as N x N.

@@ -292,6 +292,10 @@ class ParabolicLayer(LayerEncoding):
         # Eq. 9's bias sits inside S, which Eq. 1 scales by 1/sqrt(h) with q.k.
         return out * inputs.key.has_pos[:, None, None, :] / math.sqrt(q.shape[-1])
 
+    def dense_bias_elements(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> int:
+        # ``bias`` forms every sample's (B, H, Nq, Nk, m) differences Δr_ij
+        return q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2] * self.m
+
     def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod | None:
         if self.options.form != "explicit":
             return None  # the efficient form has no bias: it runs on SDPA's fused kernels

@@ -170,6 +170,9 @@ class SaPE2Layer(LayerEncoding):
         positions = mean[..., :length] * lse.exp().unsqueeze(-1)
         return interpolated_logits(k if self.mode == "k" else q, table, positions)
 
+    def dense_bias_elements(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> int:
+        return q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2]  # content gates: every sample's own
+
     def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod:
         self._check_self_attention(inputs)
         cells, (height, width) = cell_indices(inputs.query)

@@ -10,20 +10,20 @@ An encoding may also split the queries into groups (``query_groups``, PaPE's
 their own SDPA call, and the outputs are put back in query order.
 
 Kernels: encodings without a bias run SDPA's fused kernels. A bias encoding that offers a
-FlexAttention ``score_mod`` runs on FlexAttention where that pays (CUDA, compiled), so
-the N x N bias is never stored; elsewhere the SDPA + dense-bias path runs, and it stays
-the reference that tests compare Flex against (``attention_kernel("flex")`` forces Flex,
-on CPU too, where eager FlexAttention runs forward only). Attention dropout has no Flex
-form, so training with ``dropout > 0`` keeps the dense path. A model's layers can be given
-their own choice (``set_attention_kernel``, ``trainer.attention_kernel``): at short
-sequences the dense bias is small, and which kernel is faster there is a measurement.
+FlexAttention ``score_mod`` runs on FlexAttention on CUDA where its dense bias would be
+large (more than ``DENSE_BIAS_MAX_ELEMENTS``), so no large N x N tensor is stored;
+elsewhere the SDPA + dense-bias path runs, and it stays the reference that tests compare
+Flex against (``attention_kernel("flex")`` forces Flex, on CPU too, where eager
+FlexAttention runs forward only). Attention dropout has no Flex form, so training with
+``dropout > 0`` keeps the dense path. A model's layers can be given their own choice
+(``set_attention_kernel``, ``trainer.attention_kernel``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal, NamedTuple
 
 import torch
@@ -37,13 +37,25 @@ KernelPolicy = Literal["auto", "flex", "dense"]
 _KERNEL_POLICIES = ("auto", "flex", "dense")
 _kernel_policy: KernelPolicy = "auto"
 
+#: "auto" on CUDA keeps SDPA with the dense bias up to this many bias elements per layer
+#: (32 MiB in float32) and runs FlexAttention above. Measured at the two ends, not between:
+#: at ViT-B/16 224² (12 x 197² = 0.47M elements, shared by the batch) Flex took 3.1-3.8x
+#: nopos's training step on an H200 (README, "On a GPU"), while the dense bias added 0.28 ms
+#: per layer to SDPA's 0.68 (forward + backward at batch 128, issue 16's measurement on an
+#: H100); at 16,384 tokens (3.2G elements) the dense path took 367 ms and 25.9 GB for one
+#: layer's forward, Flex 39 ms (issue 16's own ALiBi score_mod) and 129 ms (pe-bench's, on the
+#: H200) in nopos's 121 MiB. Where the two cross is `.ci/gpu kernels`' question.
+DENSE_BIAS_MAX_ELEMENTS = 2**23
+#: how "auto" resolves on CUDA, as a cell's config.yaml records it (effective.attention_kernel)
+AUTO_ON_CUDA = f"flex above {DENSE_BIAS_MAX_ELEMENTS} bias elements, else dense"
+
 
 @contextlib.contextmanager
 def attention_kernel(policy: KernelPolicy) -> Iterator[None]:
     """Choose the bias encodings' kernel inside the block, for every layer: "flex" (Flex
     wherever the encoding offers a score_mod) or "dense" (SDPA with the N x N bias) override
     each layer's own choice (``set_attention_kernel``), as a measurement or a test needs;
-    "auto" leaves each layer's own, whose "auto" is Flex on CUDA."""
+    "auto" leaves each layer's own, whose "auto" is Flex on CUDA for large biases."""
     global _kernel_policy
     previous, _kernel_policy = _kernel_policy, check_kernel_policy(policy, "attention_kernel")
     try:
@@ -58,19 +70,24 @@ def check_kernel_policy(policy: str, where: str) -> KernelPolicy:
     return policy
 
 
-def wants_flex(device: torch.device, layer_policy: KernelPolicy = "auto") -> bool:
-    """Whether bias encodings should take the Flex path for tensors on ``device``: an
-    ``attention_kernel`` block's choice, else the layer's own, else Flex on CUDA."""
+def wants_flex(
+    device: torch.device, layer_policy: KernelPolicy = "auto", dense_elements: Callable[[], int] | None = None
+) -> bool:
+    """Whether a bias encoding should take the Flex path for tensors on ``device``: an
+    ``attention_kernel`` block's choice, else the layer's own, else ("auto") Flex on CUDA
+    when its dense bias would hold more than ``DENSE_BIAS_MAX_ELEMENTS`` (``dense_elements``;
+    None: always)."""
     policy = layer_policy if _kernel_policy == "auto" else _kernel_policy
     if policy == "auto":
-        return device.type == "cuda"
+        return device.type == "cuda" and (dense_elements is None or dense_elements() > DENSE_BIAS_MAX_ELEMENTS)
     return policy == "flex"
 
 
 def set_attention_kernel(model: nn.Module, policy: KernelPolicy) -> nn.Module:
     """Give every attention layer of ``model`` its own choice of the bias encodings' kernel
-    (``trainer.attention_kernel``, ``bench --attention-kernel``); "auto": Flex on CUDA. Set
-    before compiling: a compiled graph keeps the kernel it was traced with."""
+    (``trainer.attention_kernel``, ``bench --attention-kernel``); "auto": Flex on CUDA for
+    large biases (``wants_flex``). Set before compiling: a compiled graph keeps the kernel it
+    was traced with."""
     check_kernel_policy(policy, "set_attention_kernel")
     for module in model.modules():
         if isinstance(module, Attention):
@@ -175,8 +192,8 @@ class Attention(nn.Module):
     values) and its ``key`` layout are given.
     """
 
-    #: the bias encodings' kernel for this layer ("auto": the process's choice, Flex on
-    #: CUDA); ``set_attention_kernel`` sets it for a whole model (``trainer.attention_kernel``)
+    #: the bias encodings' kernel for this layer ("auto": Flex on CUDA for large biases);
+    #: ``set_attention_kernel`` sets it for a whole model (``trainer.attention_kernel``)
     kernel: KernelPolicy = "auto"
 
     def __init__(
@@ -262,7 +279,9 @@ class Attention(nn.Module):
 
     def _flex_score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod | None:
         """The encoding's score_mod when the Flex path should run, else None."""
-        if self.encoding is None or not wants_flex(q.device, self.kernel) or (self.training and self.dropout > 0):
+        if self.encoding is None or (self.training and self.dropout > 0):
+            return None
+        if not wants_flex(q.device, self.kernel, lambda: self.encoding.dense_bias_elements(q, k, inputs)):
             return None
         return self.encoding.score_mod(q, k, inputs)
 

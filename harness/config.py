@@ -116,10 +116,11 @@ class TrainerConfig(Strict):
     # torch.compile the model (harness/compile.py); "auto": on for CUDA, off on CPU.
     compile: bool | Literal["auto"] = "auto"
     # The bias encodings' attention kernel (those with a FlexAttention form: alibi, lookhere,
-    # relpos, sape2, pape[form=explicit]; harness/attention.py). "auto": FlexAttention on CUDA
-    # (no N x N tensor), SDPA with the dense bias on CPU; "dense" keeps SDPA + bias on CUDA
-    # too (short sequences, where the bias is small); "flex" trains on CUDA only (FlexAttention
-    # has no backward on CPU). Results differ by rounding only.
+    # relpos, sape2, pape[form=explicit]; harness/attention.py). "auto": on CUDA FlexAttention
+    # (no N x N tensor) where the dense bias would exceed 2^23 elements, SDPA with the dense
+    # bias below (ViT-B at 224²: 12 x 197²); on CPU always the dense bias. "dense" or "flex"
+    # force one; "flex" trains on CUDA only (FlexAttention has no backward on CPU). Results
+    # differ by rounding only.
     attention_kernel: Literal["auto", "flex", "dense"] = "auto"
 
     @field_validator("precision", mode="before")

@@ -29,7 +29,7 @@ from pe_bench.adapters import EncodingFactory
 from pe_bench.adapters.base import positional_parameters
 from pe_bench.tasks import Task, get_task
 
-from ..attention import set_attention_kernel
+from ..attention import AUTO_ON_CUDA, set_attention_kernel
 from ..compile import compile_enabled, maybe_compile, trains_on_cuda
 from ..config import RunConfig, deep_merge, load_run_config, profile_section
 from ..config_diff import ABSENT, EFFECTIVE, config_differences
@@ -103,10 +103,11 @@ def resolve_precision(config: RunConfig) -> str:
 
 
 def resolve_attention_kernel(config: RunConfig) -> str:
-    """``trainer.attention_kernel`` resolved for the bias encodings: "flex" or "dense"."""
+    """``trainer.attention_kernel`` as it takes effect for the bias encodings: "dense",
+    "flex", or on CUDA auto's rule (``AUTO_ON_CUDA``: by the size of the dense bias)."""
     kernel, on_cuda = config.trainer.attention_kernel, trains_on_cuda(config.trainer)
     if kernel == "auto":
-        return "flex" if on_cuda else "dense"
+        return AUTO_ON_CUDA if on_cuda else "dense"
     if kernel == "flex" and not on_cuda:
         raise ValueError(
             f"trainer.attention_kernel: flex trains on CUDA only (torch {torch.__version__}'s "
@@ -122,8 +123,8 @@ def effective_trainer(config: RunConfig) -> dict[str, Any]:
     devices) means bf16 and compiled on a GPU but fp32 and eager on a CPU, and every GPU of
     the machine (DDP: a larger global batch): two cells asking for the same configuration can
     have run differently, which the tables must be able to show (harness/config_diff.py).
-    ``attention_kernel`` ("flex" or "dense") is the bias encodings' kernel, for every method
-    (cells of one task should compare equal whichever encoding they hold)."""
+    ``attention_kernel`` is the bias encodings' kernel (``resolve_attention_kernel``), for
+    every method (cells of one task should compare equal whichever encoding they hold)."""
     return {
         "precision": resolve_precision(config),
         "compile": compile_enabled(config.trainer),
@@ -137,7 +138,8 @@ def model_parts(task: Task, make_encoding: EncodingFactory, seed: int) -> tuple[
     import lightning as L
 
     L.seed_everything(seed, workers=True, verbose=False)
-    model = set_attention_kernel(task.build_model(make_encoding), resolve_attention_kernel(task.config))
+    resolve_attention_kernel(task.config)  # refuses flex where it cannot train
+    model = set_attention_kernel(task.build_model(make_encoding), task.config.trainer.attention_kernel)
     model = maybe_compile(model, task.config.trainer)  # trainer.compile (auto: on CUDA)
     return model, task.lightning_module(model), task.datamodule(seed)
 

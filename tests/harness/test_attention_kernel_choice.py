@@ -11,9 +11,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pe_bench.adapters import EncodingFactory
+from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout, build
 from pe_bench.harness import attention as attention_module
-from pe_bench.harness.attention import Attention, attention_kernel, set_attention_kernel
+from pe_bench.harness.attention import (
+    AUTO_ON_CUDA,
+    DENSE_BIAS_MAX_ELEMENTS,
+    Attention,
+    attention_kernel,
+    attention_mask,
+    set_attention_kernel,
+    wants_flex,
+)
 from pe_bench.harness.cli import main
 from pe_bench.harness.config import ConfigError, ModelConfig, load_run_config, parse_overrides
 from pe_bench.harness.grid.methods import parse_method
@@ -71,6 +79,53 @@ def test_a_models_own_kernel_gives_the_same_function_and_a_block_overrides_it(mo
     torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)
 
 
+def test_auto_on_cuda_keeps_small_dense_biases_and_sends_large_ones_to_flex():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # a device object needs no GPU
+    small, large = (lambda: DENSE_BIAS_MAX_ELEMENTS), (lambda: DENSE_BIAS_MAX_ELEMENTS + 1)
+    assert not wants_flex(cuda, "auto", small) and wants_flex(cuda, "auto", large)
+    assert wants_flex(cuda, "auto") and not wants_flex(cpu, "auto", large)
+    assert wants_flex(cuda, "flex", small) and not wants_flex(cuda, "dense", large)
+    with attention_kernel("flex"):
+        assert wants_flex(cpu, "dense", small)
+    with attention_kernel("dense"):
+        assert not wants_flex(cuda, "flex", large)
+
+
+def _dense_elements(name: str, options: dict, padded: bool, batch: int = 3, grid=(4, 5)) -> tuple[int, int]:
+    """The encoding's declared dense-bias elements, and what its dense path's bias (or, for
+    pape's explicit form, its per-pair differences) holds when built."""
+    geometry = Geometry(pos_dim=2, grid_shape=grid, num_prefix_tokens=1)
+    encoding = build(name, geometry, 32, 4, depth=1, options=options)
+    layer = Attention(32, 4, encoding.make_layer(0)).eval()
+    layout = encoding.prepare(PositionLayout.grid(batch, grid, 1))
+    if padded:
+        layout.valid = torch.ones(batch, layout.coords.shape[1], dtype=torch.bool)
+        layout.valid[-1, -3:] = False
+    x = torch.randn(batch, layout.coords.shape[1], 32)
+    with torch.no_grad():
+        q, k, _, inputs = layer._raw_heads(x, layout.sharing_features(), None, None, False)
+        declared = layer.encoding.dense_bias_elements(q, k, inputs)
+        bias, _ = attention_mask(layer.encoding.bias(q, k, inputs), inputs.key, False, q.shape[-2], q.dtype)
+    return declared, bias.numel()
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["shared", "padded"])
+@pytest.mark.parametrize("name", ["alibi", "relpos", "lookhere", "sape2"])
+def test_declared_dense_bias_elements_are_what_the_dense_path_builds(name, padded):
+    """A grid shared by the batch makes one sample's bias; padding (masked in per sample)
+    and SaPE²'s content gates make every sample's."""
+    declared, built = _dense_elements(name, {}, padded)
+    assert declared == built
+    tokens = 1 + 4 * 5
+    per_sample = padded or name == "sape2"
+    assert declared == (3 if per_sample else 1) * 4 * tokens * tokens
+
+
+def test_pape_explicit_declares_its_per_pair_differences():
+    declared, built = _dense_elements("pape", {"form": "explicit", "m": 6}, padded=False)
+    assert declared == 6 * built == 6 * 3 * 4 * 21 * 21
+
+
 def test_unknown_kernel_is_named():
     with pytest.raises(ValueError, match="set_attention_kernel.*auto.*flex.*dense.*'fast'"):
         set_attention_kernel(_alibi_vit(), "fast")
@@ -90,7 +145,9 @@ def test_the_trainer_setting_resolves_by_device_and_is_recorded(monkeypatch):
     with pytest.raises(ValueError, match=r"trainer.attention_kernel: flex trains on CUDA only.*auto or dense"):
         resolve_attention_kernel(config("flex"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert resolve_attention_kernel(config("auto")) == "flex"
+    assert resolve_attention_kernel(config("auto")) == AUTO_ON_CUDA == "flex above 8388608 bias elements, else dense"
+    assert effective_trainer(config("auto"))["attention_kernel"] == AUTO_ON_CUDA
+    assert resolve_attention_kernel(config("flex")) == "flex"
     assert resolve_attention_kernel(config("dense")) == "dense"
     assert resolve_attention_kernel(config("auto", "cpu")) == "dense"
     with pytest.raises(ValueError, match="flex trains on CUDA only"):
