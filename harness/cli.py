@@ -200,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--attention-kernel",
         default="auto",
         choices=["auto", "flex", "dense"],
-        help="the bias encodings' kernel: auto (FlexAttention on CUDA, SDPA + dense bias on CPU), flex or dense",
+        help="the bias encodings' kernel: auto (on CUDA FlexAttention where a dense bias would exceed 2^23"
+        " elements, else and on CPU SDPA + dense bias), flex or dense",
     )
     bench.add_argument(
         "--throughput", action=argparse.BooleanOptionalAction, default=None, help="img/s table (default: on CUDA)"
