@@ -180,3 +180,24 @@ def test_bench_refuses_to_time_flex_training_on_the_cpu(capsys):
     assert main(["bench", "--device", "cpu", "--attention-kernel", "flex", "--methods", "alibi"]) != 0
     error = capsys.readouterr().err
     assert "--attention-kernel flex on the CPU" in error and "--train-batch 0" in error
+
+
+@pytest.mark.parametrize(("name", "options"), [("alibi", {}), ("pape", {"form": "explicit", "m": 4})])
+def test_autos_size_rule_traces_in_one_graph(name, options):
+    """On CUDA the rule runs inside compiled models: counting the dense bias (strides and
+    shapes, no data) must not break the graph. Traced here with a CUDA device object."""
+    geometry = Geometry(pos_dim=2, grid_shape=(4, 5), num_prefix_tokens=1)
+    encoding = build(name, geometry, 32, 4, depth=1, options=options)
+    layer = Attention(32, 4, encoding.make_layer(0)).eval()
+    layout = encoding.prepare(PositionLayout.grid(3, (4, 5), 1))
+
+    def flex_or_dense(x: torch.Tensor, layout: PositionLayout) -> torch.Tensor:
+        q, k, _, inputs = layer._raw_heads(x, layout.sharing_features(), None, None, False)
+        flex = wants_flex(torch.device("cuda"), "auto", lambda: layer.encoding.dense_bias_elements(q, k, inputs))
+        return q * (2.0 if flex else 1.0)
+
+    x = torch.randn(3, 21, 32)
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_or_dense, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, layout), flex_or_dense(x, layout))
