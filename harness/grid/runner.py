@@ -558,6 +558,9 @@ def run_grid(request: GridRequest, say: Callable[[str], None] = print) -> list[s
     quiet_lightning()
     request.pin_profiles()
     check_consistency(request)
+    if request.executor is None:  # this process trains: a setting it cannot run fails every cell alike
+        for task_name in request.tasks:
+            resolve_attention_kernel(requested_run_config(request, task_name))
     cells = [(t, m, s) for t in request.tasks for m in request.methods for s in request.seeds]
     label = {i: f"[{i}/{len(cells)}] {t} · {m.label} · seed {s}" for i, (t, m, s) in enumerate(cells, 1)}
     attempted: set[Cell] = set()

@@ -201,3 +201,12 @@ def test_autos_size_rule_traces_in_one_graph(name, options):
     compiled = torch.compile(flex_or_dense, fullgraph=True, backend="aot_eager")
     with torch.no_grad():
         torch.testing.assert_close(compiled(x, layout), flex_or_dense(x, layout))
+
+
+def test_a_grid_this_process_would_train_refuses_flex_on_the_cpu_before_any_cell(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = ["run", "--tasks", "imagenet", "--methods", "alibi", "--seeds", "0", "--profile", "tiny"]
+    argv += ["--set", "trainer.attention_kernel=flex", "--out", str(tmp_path), "--no-progress"]
+    assert main(argv) != 0
+    assert "trainer.attention_kernel: flex trains on CUDA only" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # no cell was started, none recorded as failed
