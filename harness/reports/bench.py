@@ -42,7 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from pe_bench.adapters import EncodingFactory, Geometry, PositionLayout
 from pe_bench.adapters import build as build_encoding
 from pe_bench.adapters.base import positional_parameters
-from pe_bench.harness.attention import Attention, attention_kernel, set_attention_kernel
+from pe_bench.harness.attention import Attention, attention_kernel, set_attention_kernel, wants_flex
 from pe_bench.harness.config import ModelConfig
 from pe_bench.harness.reports.op_count import bytes_written_per_step, operators_per_pass
 from pe_bench.tasks._shared.vit import ViT, image_geometry
@@ -410,7 +410,9 @@ def sweep_table(
     ``on_row`` sees each row as soon as it is measured; ``kernel`` is the bias encodings'."""
     rows: list[dict] = []
     report = on_row or (lambda row: None)
-    dense = kernel == "dense" or (kernel == "auto" and not device.startswith("cuda"))
+    # whether the bias encodings' points run dense (auto on CUDA counts as Flex here: a
+    # dense bias past EXPLICIT_BUDGET is far above auto's small-bias threshold)
+    dense = not wants_flex(torch.device(device), kernel)
     for tokens in token_counts:
         for method in methods:
             row: dict[str, object] = {"tokens": tokens, "method": method, "peak_mib": None, "ms": None}
