@@ -660,8 +660,16 @@ def _throughput_block(args: argparse.Namespace, spec) -> list[str]:
         print("row:", json.dumps(row), flush=True)
 
     table = throughput_table(replace(spec, methods=methods, batches=tuple(args.throughput_batch)), on_row=say)
-    title = "## img/s; nopos / this (_vs_nopos) and that over the FLOP-model bound (_vs_bound)"
-    block = [title, table.to_markdown(), ""]
+    title = (
+        "## img/s; nopos / this (_vs_nopos: the median over pairs of one nopos call and one of this"
+        " method's, _iqr their spread) and that over the FLOP-model bound (_vs_bound)"
+    )
+    steadiness = [
+        f"nopos over the whole run, {column}: median {run['median']} img/s, 10th-90th percentile"
+        f" {run['p10']}-{run['p90']} ({run['calls']} timed calls)"
+        for column, run in table.attrs.get("nopos_over_the_run", {}).items()
+    ]
+    block = [title, table.to_markdown(), "", *steadiness, ""]
     print("\n".join(block), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -27,11 +27,12 @@ import copy
 import json
 import math
 import resource
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -45,6 +46,7 @@ from pe_bench.adapters.base import positional_parameters
 from pe_bench.harness.attention import Attention, attention_kernel, set_attention_kernel, wants_flex
 from pe_bench.harness.config import ModelConfig
 from pe_bench.harness.reports.op_count import bytes_written_per_step, operators_per_pass
+from pe_bench.harness.reports.paired import PairedTiming, paired_timing
 from pe_bench.tasks._shared.vit import ViT, image_geometry
 
 MODELS: dict[str, tuple[ModelConfig, int]] = {
@@ -761,20 +763,40 @@ def _failure(error: BaseException) -> str:
     return f"error: {' '.join(lines[:2])[:80]}"  # pydantic names the bad key on line 2
 
 
-def _images_per_second(job, batch: int, spec: BenchSpec) -> float:
-    """Median img/s over ``spec.repeats`` calls after two warm-up calls (compilation,
-    allocator, autotuning); ``torch.utils.benchmark`` synchronises CUDA, as forward_table."""
-    job()
-    job()
-    timer = benchmark.Timer("job()", globals={"job": job}, num_threads=spec.threads or torch.get_num_threads())
-    samples = [timer.timeit(number=1) for _ in range(spec.repeats)]
-    return round(batch / benchmark.Measurement.merge(samples)[0].median, 1)
+@dataclass
+class _Baseline:
+    """nopos's measuring jobs, alive through the whole img/s table so that every other row's
+    timed calls alternate with nopos calls (``paired.py``), and every nopos call timed on
+    the way; by column (``train_img_s_b128``, ...)."""
+
+    jobs: dict[str, Callable[[], None]] = field(default_factory=dict)
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+
+    def over_the_run(self, column: str, batch: int) -> dict[str, float]:
+        """nopos's img/s over all its timed calls of the run (median, 10th and 90th
+        percentiles, number of calls): how steady the machine was while the table ran."""
+        seconds = self.seconds[column]
+        deciles = statistics.quantiles(seconds, n=10, method="inclusive") if len(seconds) > 1 else seconds * 9
+        return {  # the slowest calls (90th percentile of time) are the 10th percentile of img/s
+            "median": round(batch / statistics.median(seconds), 1),
+            "p10": round(batch / deciles[-1], 1),
+            "p90": round(batch / deciles[0], 1),
+            "calls": len(seconds),
+        }
 
 
-def _measure_method(method: str, spec: BenchSpec) -> dict[str, object]:
-    """img/s of training and inference at every batch of ``spec``, peak memory of the largest
-    training batch (CUDA allocator; None on CPU) and the kernels; failures as text."""
+def _measure_method(
+    method: str, spec: BenchSpec, baseline: _Baseline | None
+) -> tuple[dict[str, object], dict[str, tuple[Callable[[], None], PairedTiming]]]:
+    """img/s of training and inference at every batch of ``spec``, every timed call right
+    after one of nopos's (``baseline``; None while measuring nopos itself), with the median
+    of the per-pair time ratios (``_vs_nopos``) and their IQR; peak memory of the largest
+    training batch (this method's own, from the CUDA allocator; None on CPU) and the
+    kernels; failures as text. Returns the row and, per column that ran, the job and its
+    timing (nopos's become the baseline)."""
     row: dict[str, object] = {"method": method}
+    cuda = spec.device.startswith("cuda")
+    resident = torch.cuda.memory_allocated() if cuda else 0  # nopos's jobs, while measuring another
     try:
         model, size = _build_vit(method, BenchSpec(**{**spec.__dict__, "compile": False}))
         images = torch.randn(1, 3, size, size, device=spec.device)
@@ -784,50 +806,74 @@ def _measure_method(method: str, spec: BenchSpec) -> dict[str, object]:
             model.compile()
     except Exception as error:  # a method that cannot even be built is one row of the table
         row["kernel"] = _failure(error)
-        return row
-    cuda = spec.device.startswith("cuda")
-    for batch in spec.batches:
+        return row, {}
+    ran: dict[str, tuple[Callable[[], None], PairedTiming]] = {}
+    # the largest batch first, so that its training peak holds no smaller batch's optimiser
+    # state (the jobs that ran stay alive: nopos's are the baseline)
+    for batch in sorted(spec.batches, reverse=True):
         images = torch.randn(batch, 3, size, size, device=spec.device)
         jobs = {
             "train": _TrainStep(model, images, spec.device),
             "infer": lambda x=images: _inference(model, x, spec.device),
         }
         for mode, job in jobs.items():
-            if cuda:
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats()
+            column = f"{mode}_img_s_b{batch}"
+            peak = mode == "train" and batch == max(spec.batches)
+            if peak:
+                row["train_peak_mib"] = None
             try:
-                row[f"{mode}_img_s_b{batch}"] = _images_per_second(job, batch, spec)
+                job()  # two warm-up calls: compilation, allocator, autotuning
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                job()
+                if peak and cuda:  # read now: the timed calls alternate with nopos's
+                    row["train_peak_mib"] = round((torch.cuda.max_memory_allocated() - resident) / 2**20, 1)
+                reference = None if baseline is None else baseline.jobs.get(column)
+                timing = paired_timing(job, reference, spec.repeats, spec.threads)
             except Exception as error:  # OOM, a kernel that refuses the shapes, ...
-                row[f"{mode}_img_s_b{batch}"] = _failure(error)
-            if mode == "train" and batch == max(spec.batches):
-                row["train_peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None
-    return row
+                row[column] = _failure(error)
+                continue
+            row[column] = round(batch / timing.median_seconds, 1)
+            if reference is not None:
+                row[f"{column}_vs_nopos"] = round(timing.slowdown, 3)
+                row[f"{column}_vs_nopos_iqr"] = round(timing.slowdown_iqr, 3)
+                baseline.seconds[column] += timing.reference_seconds
+            ran[column] = (job, timing)
+    return row, ran
 
 
 def throughput_table(spec: BenchSpec, on_row: Callable[[dict], None] | None = None) -> pd.DataFrame:
     """Per encoding: training and inference img/s at each batch of ``spec`` (bf16 autocast on
-    CUDA), nopos's img/s over the encoding's (``_vs_nopos``, the issue's "nopos / this"),
-    that ratio over the FLOP model's bound (``_vs_bound``, 1.0 = as fast as its arithmetic
-    allows), peak training memory at the largest batch, and the attention kernels used.
-    A measurement that fails (out of memory, kernel error) shows as text in its cell.
+    CUDA), how many times slower than nopos (``_vs_nopos``, the issue's "nopos / this"; the
+    median over pairs of one nopos call and one of the encoding's, ``_vs_nopos_iqr`` their
+    spread), that over the FLOP model's bound (``_vs_bound``, 1.0 = as fast as its arithmetic
+    allows), peak training memory at the largest batch, and the attention kernels used. A
+    measurement that fails (out of memory, kernel error) shows as text in its cell.
 
-    Methods are built and measured one at a time, so a ViT-B table needs one model's memory;
-    ``on_row`` sees each row as soon as it is measured (a long GPU run killed at its time
-    limit still leaves the rows it finished). The method ``timm`` is timm's ViT of the same
-    shape (``TIMM_MODELS``), the reference that nopos should match or beat.
+    nopos is measured first and its model stays; every other encoding is built, measured and
+    freed in turn (a ViT-B table needs two models' memory), its timed calls alternating with
+    nopos calls, so drift of the machine during a long table cancels in the ratios; nopos's
+    img/s over all its calls of the run is in ``table.attrs["nopos_over_the_run"]``. ``on_row``
+    sees each row as soon as it is measured (a long GPU run killed at its time limit still
+    leaves the rows it finished). The method ``timm`` is timm's ViT of the same shape
+    (``TIMM_MODELS``), the reference that nopos should match or beat.
     """
     methods = list(dict.fromkeys(("nopos", *spec.methods)))
     config, default_size = MODELS[spec.model]
     size = spec.image_size or default_size
-    rows = []
+    rows, baseline = [], None
     # past Dynamo's recompile limit a compiled Flex kernel would silently run eagerly (unfused):
     # a slow number that looks like the kernel's; make it the row's error instead
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
         for method in methods:
-            rows.append(_measure_method(method, spec))
+            row, ran = _measure_method(method, spec, baseline)
+            if baseline is None:  # nopos: every later call pairs with its jobs
+                jobs = {column: job for column, (job, _) in ran.items()}
+                baseline = _Baseline(jobs, {column: list(timing.seconds) for column, (_, timing) in ran.items()})
+                row.update({f"{column}_vs_nopos": 1.0 for column in ran})
+            rows.append(row)
             if on_row is not None:
-                on_row(rows[-1])
+                on_row(row)
             if spec.device.startswith("cuda"):
                 torch.cuda.empty_cache()
     table = pd.DataFrame(rows).set_index("method")
@@ -841,17 +887,22 @@ def throughput_table(spec: BenchSpec, on_row: Callable[[dict], None] | None = No
     for batch in spec.batches:
         for mode in ("train", "infer"):
             column = f"{mode}_img_s_b{batch}"
-            if column not in table:
-                continue
-            ratios = [_ratio(table.loc["nopos", column], value) for value in table[column]]
-            table[f"{column}_vs_nopos"] = ratios
+            ratio_column = f"{column}_vs_nopos"
+            if ratio_column not in table:  # nopos failed here: nothing to compare with
+                table[ratio_column] = None
             table[f"{column}_vs_bound"] = [
-                None if r is None or b is None else round(r / b, 3) for r, b in zip(ratios, bounds, strict=True)
+                None if pd.isna(r) or b is None else round(r / b, 3)
+                for r, b in zip(table[ratio_column], bounds, strict=True)
             ]
     prefixes = [f"{mode}_img_s_b{b}" for b in spec.batches for mode in ("train", "infer")]
     measured = [c for prefix in prefixes for c in table if c.startswith(prefix)]
     order = ["kernel", "flop_bound", *measured, "train_peak_mib"]
-    return table[[c for c in order if c in table]]
+    table = table[[c for c in order if c in table]]
+    if baseline is not None:
+        table.attrs["nopos_over_the_run"] = {
+            column: baseline.over_the_run(column, int(column.rsplit("_b", 1)[1])) for column in baseline.seconds
+        }
+    return table
 
 
 def profile_step(method: str, spec: BenchSpec, batch: int, steps: int = 3, rows: int = 25) -> str:
@@ -874,10 +925,3 @@ def profile_step(method: str, spec: BenchSpec, batch: int, steps: int = 3, rows:
             torch.cuda.synchronize()
     key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     return profiler.key_averages().table(sort_by=key, row_limit=rows)
-
-
-def _ratio(nopos: object, value: object) -> float | None:
-    """nopos img/s over the method's (how many times slower); None when either failed."""
-    if not isinstance(nopos, float) or not isinstance(value, float) or value <= 0:
-        return None
-    return round(nopos / value, 3)
