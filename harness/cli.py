@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="cuda" if _cuda() else "cpu")
     bench.add_argument("--sweep", type=_ints, default=None, help="token counts for the attention-layer sweep")
     bench.add_argument(
-        "--sweep-methods", default=None, help="--sweep's encodings (default: by device, see bench.SWEEP_METHODS)"
+        "--sweep-methods", default=None, help="--sweep's encodings (default: by device, see sweep.SWEEP_METHODS)"
     )
     bench.add_argument("--out", type=Path, default=None, help="also write bench.md/bench.csv here")
     bench.add_argument("--task", default=None, help="only the task's own benchmark (e.g. tokenizer throughput)")
@@ -510,16 +510,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pe_bench.harness.reports.bench import (
-        SWEEP_METHODS,
-        TABLE4_METHODS,
-        TIMM_ROW,
-        BenchSpec,
-        forward_table,
-        header,
-        sweep_markdown,
-        sweep_table,
-    )
+    from pe_bench.harness.reports.bench import TABLE4_METHODS, TIMM_ROW, BenchSpec, forward_table, header
+    from pe_bench.harness.reports.sweep import SWEEP_METHODS, sweep_markdown, sweep_table
 
     if args.task:
         from pe_bench.tasks import get_task
@@ -533,7 +525,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.profile_step:
         return _profile_steps(args)
     if args.pape_precision:
-        from pe_bench.harness.reports.bench import pape_precision_table
+        from pe_bench.harness.reports.pape_precision import pape_precision_table
 
         precision = pape_precision_table()
         title = (
@@ -651,7 +643,8 @@ def _bench_methods(text: str) -> tuple[str, ...]:
 
 
 def _throughput_block(args: argparse.Namespace, spec) -> list[str]:
-    from pe_bench.harness.reports.bench import THROUGHPUT_METHODS, TIMM_MODELS, TIMM_ROW, throughput_table
+    from pe_bench.harness.reports.bench import TIMM_MODELS, TIMM_ROW
+    from pe_bench.harness.reports.throughput import THROUGHPUT_METHODS, throughput_table
 
     default = THROUGHPUT_METHODS + ((TIMM_ROW,) if args.model in TIMM_MODELS else ())
     methods = default if args.methods is None else spec.methods

@@ -29,7 +29,7 @@ import torch
 from pe_bench.adapters import Geometry, PositionLayout, build
 from pe_bench.adapters.pape import widen_heads
 from pe_bench.harness.attention import Attention
-from pe_bench.harness.reports.bench import _kernel_gradients
+from pe_bench.harness.reports.pape_precision import _kernel_gradients
 
 DIM, HEADS = 256, 4
 

@@ -8,7 +8,7 @@ import torch
 from pe_bench.adapters import Geometry, PositionLayout, build
 from pe_bench.adapters.base import AttentionInputs
 from pe_bench.adapters.pape import widen_heads
-from pe_bench.harness.reports.bench import _kernel_gradients, pape_precision_table
+from pe_bench.harness.reports.pape_precision import _kernel_gradients, pape_precision_table
 
 
 def test_split_features_keep_their_dot_products_to_float32_accuracy():

@@ -26,7 +26,7 @@ from pe_bench.harness.cli import main
 from pe_bench.harness.config import ConfigError, ModelConfig, load_run_config, parse_overrides
 from pe_bench.harness.grid.methods import parse_method
 from pe_bench.harness.grid.runner import effective_trainer, model_parts, resolve_attention_kernel
-from pe_bench.harness.reports.bench import _attention_layer
+from pe_bench.harness.reports.sweep import _attention_layer
 from pe_bench.tasks import get_task
 from pe_bench.tasks._shared.vit import ViT, image_geometry
 

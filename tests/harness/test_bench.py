@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from pe_bench.harness.cli import main
-from pe_bench.harness.reports import bench
-from pe_bench.harness.reports.bench import BenchSpec, forward_table, sweep_markdown, sweep_table
+from pe_bench.harness.reports import sweep as sweep_module
+from pe_bench.harness.reports.bench import BenchSpec, forward_table
+from pe_bench.harness.reports.sweep import sweep_markdown, sweep_table
 
 
 def test_forward_table_is_relative_to_nopos_and_counts_positional_parameters():
@@ -49,7 +50,7 @@ def test_sweep_measures_each_point_in_a_fresh_process():
 def test_sweep_reports_a_failed_or_skipped_point_in_the_table(monkeypatch):
     """A point that dies (out of memory, a kernel error) is a table entry with its reason, and
     the other points are still measured."""
-    real = bench._run_child
+    real = sweep_module._run_child
 
     def run_child(code: str):
         if "'alibi'" in code:
@@ -58,8 +59,8 @@ def test_sweep_reports_a_failed_or_skipped_point_in_the_table(monkeypatch):
             return real("raise MemoryError('CPU out of memory: tried to allocate 64 GiB')")
         return real(code)
 
-    monkeypatch.setattr(bench, "_run_child", run_child)
-    monkeypatch.setattr(bench, "EXPLICIT_BUDGET", 1)
+    monkeypatch.setattr(sweep_module, "_run_child", run_child)
+    monkeypatch.setattr(sweep_module, "EXPLICIT_BUDGET", 1)
     streamed = []
     methods = ["nopos", "alibi", "rope", "pape[form=explicit]"]
     sweep = sweep_table(methods, [16], dim=16, heads=2, on_row=streamed.append)

@@ -8,15 +8,9 @@ import pytest
 import torch
 
 from pe_bench.harness.cli import main
-from pe_bench.harness.reports import bench
-from pe_bench.harness.reports.bench import (
-    MODELS,
-    BenchSpec,
-    encoding_flops,
-    flop_bound,
-    throughput_table,
-    vit_forward_flops,
-)
+from pe_bench.harness.reports import bench, pape_precision, throughput
+from pe_bench.harness.reports.bench import MODELS, BenchSpec
+from pe_bench.harness.reports.throughput import encoding_flops, flop_bound, throughput_table, vit_forward_flops
 
 VIT_B = MODELS["vit-b"][0]
 
@@ -44,14 +38,14 @@ def test_throughput_table_has_every_column_relative_to_nopos_and_to_the_bound():
 
 
 def test_a_failed_measurement_is_a_cell_not_a_crash(monkeypatch):
-    real = bench._inference
+    real = throughput._inference
 
     def out_of_memory_at_batch_2(model, images, device):
         if images.shape[0] == 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
         return real(model, images, device)
 
-    monkeypatch.setattr(bench, "_inference", out_of_memory_at_batch_2)
+    monkeypatch.setattr(throughput, "_inference", out_of_memory_at_batch_2)
     table = throughput_table(_spec(methods=("rope",)))
     assert (table["infer_img_s_b2"] == "OOM").all()
     assert table["infer_img_s_b2_vs_nopos"].isna().all()
@@ -101,8 +95,8 @@ def test_bench_command_prints_the_throughput_table_and_compiles_on_request(capsy
 
 
 def test_pape_precision_command_prints_its_table(capsys, monkeypatch):
-    small = bench.pape_precision_table(sides=(6,), methods=("pape-ri",), dim=64, heads=1, queries=8)
-    monkeypatch.setattr(bench, "pape_precision_table", lambda: small)
+    small = pape_precision.pape_precision_table(sides=(6,), methods=("pape-ri",), dim=64, heads=1, queries=8)
+    monkeypatch.setattr(pape_precision, "pape_precision_table", lambda: small)
     assert main(["bench", "--pape-precision"]) == 0
     out = capsys.readouterr().out
     assert "bf16 split max" in out and "6x6" in out

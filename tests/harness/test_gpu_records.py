@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pe_bench.harness.reports.bench import MODELS, flop_bound
+from pe_bench.harness.reports.bench import MODELS
+from pe_bench.harness.reports.throughput import flop_bound
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "benchmarks" / "gpu-h200-2026-11-26"

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from pe_bench.harness.reports import bench, paired
-from pe_bench.harness.reports.bench import BenchSpec, throughput_table
+from pe_bench.harness.reports import bench, paired, throughput
+from pe_bench.harness.reports.bench import BenchSpec
 from pe_bench.harness.reports.paired import PairedTiming, paired_timing
+from pe_bench.harness.reports.throughput import throughput_table
 
 
 class DriftingClock:
@@ -69,7 +70,7 @@ def test_the_img_s_table_pairs_every_timed_call_with_nopos(monkeypatch):
         ran.append(["nopos", "rope"][models.index(id(model))])
         return [1.0, 1.5][models.index(id(model))]
 
-    monkeypatch.setattr(bench, "_inference", lambda model, images, device: cost(model))
+    monkeypatch.setattr(throughput, "_inference", lambda model, images, device: cost(model))
     monkeypatch.setattr(bench._TrainStep, "__call__", lambda self: cost(self.model))
     spec = BenchSpec(model="tiny", methods=("rope",), batches=(2,), repeats=4)
     table = throughput_table(spec)

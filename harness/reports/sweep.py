@@ -1,0 +1,148 @@
+"""``pe-bench bench --sweep``: time and peak memory of one attention layer as the token
+count grows. Every point runs in a fresh process, so a point that runs out of memory or meets
+a kernel error stays there and is a table entry ("OOM", "error: ..."), not a crash; issue 16
+asks the bias encodings to stay linear in memory up to 65,536 tokens on CUDA."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+
+import pandas as pd
+import torch
+
+from pe_bench.adapters import Geometry, PositionLayout
+from pe_bench.adapters import build as build_encoding
+from pe_bench.harness.attention import Attention, set_attention_kernel, wants_flex
+from pe_bench.harness.reports.bench import _autocast, _cuda_peak_mib, _peak_rss_mib, _run_child
+
+
+def _attention_layer(
+    method: str, tokens: int, dim: int, heads: int, device: str = "cpu", kernel: str = "auto"
+) -> tuple[Attention, torch.Tensor, PositionLayout]:
+    from pe_bench.harness.grid.methods import parse_method
+
+    side = max(int(math.isqrt(tokens)), 1)
+    parsed = parse_method(method)
+    geometry = Geometry(pos_dim=2, grid_shape=(side, side), num_prefix_tokens=0)
+    encoding = build_encoding(parsed.name, geometry, dim, heads, 1, dict(parsed.options)).to(device)
+    layer = set_attention_kernel(Attention(dim, heads, encoding.make_layer(0)).eval().to(device), kernel)
+    layout = encoding.prepare(PositionLayout.grid(1, (side, side), device=device))
+    x = encoding.embed(torch.randn(1, side * side, dim, device=device), layout)
+    return layer, x, layout
+
+
+def _peak_memory_child(
+    method: str, tokens: int, dim: int, heads: int, device: str = "cpu", kernel: str = "auto"
+) -> dict:
+    """Runs in a subprocess: the time and peak memory of one attention layer's forward.
+
+    CPU (fp32, one thread): peak RSS above the bare torch process of building the layer with
+    its inputs and running one forward, and that forward's time. CUDA (bf16 autocast): after
+    one warm-up forward (FlexAttention compiles its kernel there), the mean time of 5 forwards
+    and the allocator's peak during them above what was allocated before (weights and input
+    excluded)."""
+    if not device.startswith("cuda"):
+        torch.set_num_threads(1)
+        baseline = _peak_rss_mib()
+        with torch.inference_mode():
+            layer, x, layout = _attention_layer(method, tokens, dim, heads, kernel=kernel)
+            start = time.perf_counter()
+            layer(x, layout)
+            elapsed = time.perf_counter() - start
+        return {"peak_mib": _peak_rss_mib() - baseline, "ms": elapsed * 1000}
+    repeats = 5
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def timed_forwards() -> None:
+        start.record()
+        for _ in range(repeats):
+            layer(x, layout)
+        end.record()
+
+    with torch.inference_mode(), _autocast(device):
+        layer, x, layout = _attention_layer(method, tokens, dim, heads, device, kernel)
+        layer(x, layout)
+        peak = _cuda_peak_mib(timed_forwards)
+    return {"peak_mib": peak, "ms": start.elapsed_time(end) / repeats}
+
+
+EXPLICIT_BUDGET = 4 * 2**30
+
+#: ``--sweep``'s encodings: on CPU the bias encodings build their dense N x N bias (the
+#: reference path), which past a few thousand tokens only measures the machine's memory; on
+#: CUDA they run on FlexAttention, and the sweep shows their memory staying linear.
+SWEEP_METHODS = {
+    "cpu": "nopos,rope,pape,pape[form=explicit]",
+    "cuda": "nopos,rope,rope-mixed,pape,alibi,lookhere,relpos,sape2,pape[form=explicit]",
+}
+
+
+def _explicit_pape_bytes(method: str, tokens: int, heads: int) -> float:
+    from pe_bench.harness.grid.methods import parse_method
+
+    spec = parse_method(method)
+    options = dict(spec.options)
+    if not spec.name.startswith("pape") or options.get("form") != "explicit":
+        return 0.0
+    m = options.get("m", 50)
+    return 4.0 * tokens * tokens * heads * (m + 2)
+
+
+def sweep_table(
+    methods: list[str],
+    token_counts: list[int],
+    dim: int = 768,
+    heads: int = 12,
+    device: str = "cpu",
+    on_row: Callable[[dict], None] | None = None,
+    kernel: str = "auto",
+) -> pd.DataFrame:
+    """Time (ms) and peak memory (MiB) of one attention layer as the token count grows, one
+    row per (tokens, method) with its ``status``: "ok", "skipped: ..." or the failure ("OOM",
+    "error: ..." with a kernel's message), which is a result here, not a crash. Every point runs
+    in a fresh process (see ``_peak_memory_child`` for what is measured per device);
+    ``on_row`` sees each row as soon as it is measured; ``kernel`` is the bias encodings'."""
+    rows: list[dict] = []
+    report = on_row or (lambda row: None)
+    # whether the bias encodings' points run dense (auto on CUDA counts as Flex here: a
+    # dense bias past EXPLICIT_BUDGET is far above auto's small-bias threshold)
+    dense = not wants_flex(torch.device(device), kernel)
+    for tokens in token_counts:
+        for method in methods:
+            row: dict[str, object] = {"tokens": tokens, "method": method, "peak_mib": None, "ms": None}
+            if dense and _explicit_pape_bytes(method, tokens, heads) > EXPLICIT_BUDGET:
+                # The dense Eq. 9 bias holds a (B, H, N, N, m) tensor: past a few GiB it would
+                # only exhaust the machine; the row shows where the efficient form keeps going.
+                # (Flex, CUDA's default kernel, evaluates it without the tensor: not skipped there.)
+                rows.append({**row, "status": f"skipped: dense bias > {EXPLICIT_BUDGET / 2**30:.0f} GiB"})
+                report(rows[-1])
+                continue
+            code = (
+                "import json; from pe_bench.harness.reports.sweep import _peak_memory_child as f;"
+                f"print(json.dumps(f({method!r}, {tokens}, {dim}, {heads}, {device!r}, {kernel!r})))"
+            )
+            result, reason = _run_child(code)
+            if result is None:
+                rows.append({**row, "status": reason})
+            else:
+                measured = json.loads(result)
+                peak, ms = round(measured["peak_mib"], 1), round(measured["ms"], 2)
+                rows.append({**row, "peak_mib": peak, "ms": ms, "status": "ok"})
+            report(rows[-1])
+    return pd.DataFrame(rows)
+
+
+def sweep_markdown(sweep: pd.DataFrame) -> str:
+    """``sweep_table`` as tokens x method, each cell "MiB / ms" or why there is no measurement."""
+
+    def cell(row: pd.Series) -> str:
+        if row["status"] != "ok":
+            return str(row["status"])
+        return f"{row['peak_mib']:,.0f} MiB / {row['ms']:,.1f} ms"
+
+    cells = sweep.assign(cell=sweep.apply(cell, axis=1))
+    order = list(dict.fromkeys(sweep["method"]))
+    return cells.pivot(index="tokens", columns="method", values="cell")[order].to_markdown()
