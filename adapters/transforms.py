@@ -47,7 +47,12 @@ def cape_augment(
     b, n, p = coords.shape
 
     def uniform(*shape: int) -> Tensor:
-        u = torch.rand(*shape, generator=generator, device="cpu" if generator is not None else coords.device)
+        if generator is None:
+            # no generator= keyword at all: Dynamo cannot trace torch.rand(..., generator=None)
+            # once the batch size is dynamic (a compiled model's second batch shape)
+            u = torch.rand(*shape, device=coords.device)
+        else:
+            u = torch.rand(*shape, generator=generator, device="cpu")
         return (2 * u - 1).to(coords.device, coords.dtype)
 
     local = torch.as_tensor(max_local_shift, dtype=coords.dtype, device=coords.device)

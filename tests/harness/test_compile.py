@@ -142,3 +142,23 @@ def test_inductor_compiled_training_step_on_cuda(method):
     torch.testing.assert_close(outputs[1], outputs[0], atol=3e-2, rtol=3e-2)
     for (name, p), q in zip(eager.named_parameters(), compiled.parameters(), strict=True):
         assert (p.grad is None) == (q.grad is None), name
+
+
+def test_models_compiled_one_after_another_in_one_process_all_run_compiled():
+    """A grid trains its cells one after another in one process. Every ViT's forward is one
+    code object, and Dynamo keeps at most 8 compiled entries per code object (one per
+    training/evaluation mode and batch shape, for every model), past which it runs the
+    model uncompiled without an error: the third cell would have trained eagerly while its
+    record said compiled. ``maybe_compile`` starts each model from a fresh Dynamo state.
+    (CAPE, the fourth, also checks that its augmentation traces with a dynamic batch size.)"""
+    from torch._dynamo.utils import counters
+
+    for method in ("nopos", "rope", "sincos", "cape"):
+        model = maybe_compile(_vit(method), TrainerConfig(compile=True), backend="eager")
+        graphs = counters["stats"]["unique_graphs"]
+        for batch in (1, 2):
+            images = torch.randn(batch, 3, 16, 16)
+            _training_step(model.train(), images)
+            with torch.no_grad():
+                model.eval()(images)
+        assert counters["stats"]["unique_graphs"] > graphs, f"{method} ran uncompiled"
