@@ -129,9 +129,16 @@ def compile_for_bench(model: torch.nn.Module) -> torch.nn.Module:
     """Compile ``model`` in place as ``trainer.compile`` does, without the fresh Dynamo state
     a training cell gets (the table's other compiled models must stay compiled) but with room
     for all of their entries; a table times under ``fail_on_recompile_limit_hit``, so a model
-    that would still run uncompiled is an error, not an eager time under a compiled label."""
+    that would still run uncompiled is an error, not an eager time under a compiled label.
+
+    Static shapes (``dynamic=False``): Dynamo's automatic dynamic shapes are decided per code
+    object, so once one model ran at two batch sizes, every later model's first compilation
+    would be for any batch size (measured: the second model's batch-4 graph was compiled for
+    2 <= batch <= 4096), and the table would compare nopos's batch-specialised kernels with
+    generic ones of the other encodings. Each model gets a graph per batch it is timed at,
+    as a training cell's fixed batch gets."""
     raise_recompile_limit(BENCH_RECOMPILE_LIMIT)
-    return compile_model(model)
+    return compile_model(model, dynamic=False)
 
 
 def _autocast(device: str):

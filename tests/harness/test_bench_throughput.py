@@ -167,7 +167,7 @@ def test_every_model_of_a_compiled_table_runs_compiled(monkeypatch):
 
     from pe_bench.harness.compile import compile_model
 
-    monkeypatch.setattr(bench, "compile_model", lambda model: compile_model(model, backend="aot_eager"))
+    monkeypatch.setattr(bench, "compile_model", lambda model, **kw: compile_model(model, backend="aot_eager", **kw))
     torch._dynamo.reset()
     counters.clear()
     methods = ("rope", "sincos", "cape", "alibi")
@@ -176,3 +176,28 @@ def test_every_model_of_a_compiled_table_runs_compiled(monkeypatch):
         assert all(isinstance(value, float) for value in table[column]), table[column]
     # each model's training and evaluation graphs, at least: none of them ran uncompiled
     assert counters["stats"]["unique_graphs"] >= 2 * (1 + len(methods))
+
+
+def test_compiled_table_specialises_every_model_to_its_batch(monkeypatch):
+    """Dynamo decides automatic dynamic shapes per code object: once nopos ran at two batch
+    sizes, the next model's first graph would have been compiled for any batch size, and the
+    table would compare nopos's batch-specialised kernels with generic ones. Every graph the
+    table compiles has static shapes."""
+    from pe_bench.harness.compile import compile_model
+
+    symbolic: list[bool] = []
+
+    def recording_backend(graph, example_inputs):
+        # a graph compiled for any batch size takes the size as an input of its own
+        sizes = [x for x in example_inputs if isinstance(x, int | torch.SymInt)]
+        shapes = [d for x in example_inputs for d in getattr(x, "shape", ())]
+        symbolic.append(bool(sizes) or any(isinstance(d, torch.SymInt) for d in shapes))
+        return graph.forward
+
+    monkeypatch.setattr(
+        bench, "compile_model", lambda model, **kw: compile_model(model, backend=recording_backend, **kw)
+    )
+    torch._dynamo.reset()
+    table = throughput_table(_spec(methods=("rope", "sincos"), compile=True))
+    assert all(isinstance(value, float) for value in table["train_img_s_b1"])
+    assert len(symbolic) >= 3 * 4 and not any(symbolic)  # train/eval x batch 1/2, per model
