@@ -4,6 +4,7 @@ and that over the encoding's FLOP-model bound: the figures of issue 16's GPU tab
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 from collections.abc import Callable
@@ -254,8 +255,8 @@ def throughput_table(spec: BenchSpec, on_row: Callable[[dict], None] | None = No
     config, default_size = MODELS[spec.model]
     size = spec.image_size or default_size
     rows, baseline = [], None
-    # past Dynamo's recompile limit a compiled Flex kernel would silently run eagerly (unfused):
-    # a slow number that looks like the kernel's; make it the row's error instead
+    # past Dynamo's recompile limit a compiled model or Flex kernel would silently run eagerly
+    # (Flex unfused): a slow number that looks like the compiled one's; make it the row's error
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
         for method in methods:
             row, ran = _measure_method(method, spec, baseline)
@@ -263,10 +264,12 @@ def throughput_table(spec: BenchSpec, on_row: Callable[[dict], None] | None = No
                 jobs = {column: job for column, (job, _) in ran.items()}
                 baseline = _Baseline(jobs, {column: list(timing.seconds) for column, (_, timing) in ran.items()})
                 row.update({f"{column}_vs_nopos": 1.0 for column in ran})
+            del ran  # another encoding's model and optimiser states: freed before the next is built
             rows.append(row)
             if on_row is not None:
                 on_row(row)
             if spec.device.startswith("cuda"):
+                gc.collect()  # a compiled module refers to itself (its compiled call): a cycle
                 torch.cuda.empty_cache()
     table = pd.DataFrame(rows).set_index("method")
     built = [not str(kernel).startswith(("error:", "OOM")) for kernel in table["kernel"]]
