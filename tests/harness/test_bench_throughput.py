@@ -201,3 +201,25 @@ def test_compiled_table_specialises_every_model_to_its_batch(monkeypatch):
     table = throughput_table(_spec(methods=("rope", "sincos"), compile=True))
     assert all(isinstance(value, float) for value in table["train_img_s_b1"])
     assert len(symbolic) >= 3 * 4 and not any(symbolic)  # train/eval x batch 1/2, per model
+
+
+def test_each_encoding_is_freed_before_the_next_is_built(monkeypatch):
+    """A ViT-B table holds nopos (the pairs' reference) and the encoding being measured, not
+    also the one before it: on a GPU that is another model with its optimiser states."""
+    import gc
+    import weakref
+
+    built: list[weakref.ref] = []
+    real = throughput._build_vit
+
+    def build(method, spec):
+        gc.collect()
+        alive = [ref() is not None for ref in built[1:]]  # built[0] is nopos, which stays
+        assert not any(alive), f"building {method} while an earlier encoding is alive"
+        model, size = real(method, spec)
+        built.append(weakref.ref(model))
+        return model, size
+
+    monkeypatch.setattr(throughput, "_build_vit", build)
+    throughput_table(_spec(methods=("rope", "sincos", "alibi"), batches=(1,)))
+    assert len(built) == 4
