@@ -8,7 +8,7 @@ import gc
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -162,8 +162,8 @@ class _Baseline:
     timed calls alternate with nopos calls (``paired.py``), and every nopos call timed on
     the way; by column (``train_img_s_b128``, ...)."""
 
-    jobs: dict[str, Callable[[], None]] = field(default_factory=dict)
-    seconds: dict[str, list[float]] = field(default_factory=dict)
+    jobs: dict[str, Callable[[], None]]
+    seconds: dict[str, list[float]]
 
     def over_the_run(self, column: str, batch: int) -> dict[str, float]:
         """nopos's img/s over all its timed calls of the run (median, 10th and 90th
@@ -235,6 +235,9 @@ def _measure_method(
     return row, ran
 
 
+# past Dynamo's recompile limit a compiled model or Flex kernel would silently run eagerly (Flex
+# unfused): a slow number that looks like the compiled one's; make it the row's error instead
+@torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
 def throughput_table(spec: BenchSpec, on_row: Callable[[dict], None] | None = None) -> pd.DataFrame:
     """Per encoding: training and inference img/s at each batch of ``spec`` (bf16 autocast on
     CUDA), how many times slower than nopos (``_vs_nopos``, the issue's "nopos / this"; the
@@ -255,22 +258,19 @@ def throughput_table(spec: BenchSpec, on_row: Callable[[dict], None] | None = No
     config, default_size = MODELS[spec.model]
     size = spec.image_size or default_size
     rows, baseline = [], None
-    # past Dynamo's recompile limit a compiled model or Flex kernel would silently run eagerly
-    # (Flex unfused): a slow number that looks like the compiled one's; make it the row's error
-    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-        for method in methods:
-            row, ran = _measure_method(method, spec, baseline)
-            if baseline is None:  # nopos: every later call pairs with its jobs
-                jobs = {column: job for column, (job, _) in ran.items()}
-                baseline = _Baseline(jobs, {column: list(timing.seconds) for column, (_, timing) in ran.items()})
-                row.update({f"{column}_vs_nopos": 1.0 for column in ran})
-            del ran  # another encoding's model and optimiser states: freed before the next is built
-            rows.append(row)
-            if on_row is not None:
-                on_row(row)
-            if spec.device.startswith("cuda"):
-                gc.collect()  # a compiled module refers to itself (its compiled call): a cycle
-                torch.cuda.empty_cache()
+    for method in methods:
+        row, ran = _measure_method(method, spec, baseline)
+        if baseline is None:  # nopos: every later call pairs with its jobs
+            jobs = {column: job for column, (job, _) in ran.items()}
+            baseline = _Baseline(jobs, {column: list(timing.seconds) for column, (_, timing) in ran.items()})
+            row.update({f"{column}_vs_nopos": 1.0 for column in ran})
+        del ran  # another encoding's model and optimiser states: freed before the next is built
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+        if spec.device.startswith("cuda"):
+            gc.collect()  # a compiled module refers to itself (its compiled call): a cycle
+            torch.cuda.empty_cache()
     table = pd.DataFrame(rows).set_index("method")
     built = [not str(kernel).startswith(("error:", "OOM")) for kernel in table["kernel"]]
     bf16 = spec.device.startswith("cuda")
