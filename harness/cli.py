@@ -560,7 +560,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.throughput if args.throughput is not None else args.device.startswith("cuda"):
         lines += _throughput_block(args, spec)
     sweep = None
-    if args.sweep:
+    if args.sweep and not _was_interrupted(lines):  # a deadline stops the command, not one table
         device_kind = "cuda" if args.device.startswith("cuda") else "cpu"
         sweep_methods = [m.strip() for m in _split_methods(args.sweep_methods or SWEEP_METHODS[device_kind])]
 
@@ -571,7 +571,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         precision = "bf16 autocast, allocator peak" if device_kind == "cuda" else "fp32, 1 thread, peak RSS"
         block = [
             f"## One attention layer (dim 768, 12 heads; {precision}): peak memory (MiB) / time (ms) per forward",
-            sweep_markdown(sweep),
+            sweep_markdown(sweep) if len(sweep) else "(no point measured)",
+            *_not_measured(sweep),
         ]
         print("\n".join(block))
         lines += block
@@ -582,7 +583,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
             forward.to_csv(args.out / "bench.csv")
         if sweep is not None:
             sweep.to_csv(args.out / "bench_sweep.csv", index=False)
+    if _was_interrupted(lines):
+        return 130  # the tables above are complete up to where a deadline stopped them
     return 0
+
+
+def _was_interrupted(lines: list[str]) -> bool:
+    return any(line.startswith("interrupted before") for line in lines)
+
+
+def _not_measured(table) -> list[str]:
+    """The line that names what an interrupted table did not reach (none if it finished)."""
+    missing = table.attrs.get("interrupted")
+    return [f"interrupted before it measured: {', '.join(missing)}"] if missing else []
 
 
 def _grid_bench(args: argparse.Namespace) -> int:
@@ -662,7 +675,7 @@ def _throughput_block(args: argparse.Namespace, spec) -> list[str]:
         f" {run['p10']}-{run['p90']} ({run['calls']} timed calls)"
         for column, run in table.attrs.get("nopos_over_the_run", {}).items()
     ]
-    block = [title, table.to_markdown(), "", *steadiness, ""]
+    block = [title, table.to_markdown(), "", *steadiness, *_not_measured(table), ""]
     print("\n".join(block), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

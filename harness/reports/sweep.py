@@ -104,35 +104,45 @@ def sweep_table(
     row per (tokens, method) with its ``status``: "ok", "skipped: ..." or the failure ("OOM",
     "error: ..." with a kernel's message), which is a result here, not a crash. Every point runs
     in a fresh process (see ``_peak_memory_child`` for what is measured per device);
-    ``on_row`` sees each row as soon as it is measured; ``kernel`` is the bias encodings'."""
+    ``on_row`` sees each row as soon as it is measured; ``kernel`` is the bias encodings'.
+    Interrupted (KeyboardInterrupt, e.g. a deadline's SIGINT), it returns the points measured
+    so far, with those not measured in ``table.attrs["interrupted"]``."""
     rows: list[dict] = []
     report = on_row or (lambda row: None)
     # whether the bias encodings' points run dense (auto on CUDA counts as Flex here: a
     # dense bias past EXPLICIT_BUDGET is far above auto's small-bias threshold)
     dense = not wants_flex(torch.device(device), kernel)
-    for tokens in token_counts:
-        for method in methods:
-            row: dict[str, object] = {"tokens": tokens, "method": method, "peak_mib": None, "ms": None}
-            if dense and _explicit_pape_bytes(method, tokens, heads) > EXPLICIT_BUDGET:
-                # The dense Eq. 9 bias holds a (B, H, N, N, m) tensor: past a few GiB it would
-                # only exhaust the machine; the row shows where the efficient form keeps going.
-                # (Flex, CUDA's default kernel, evaluates it without the tensor: not skipped there.)
-                rows.append({**row, "status": f"skipped: dense bias > {EXPLICIT_BUDGET / 2**30:.0f} GiB"})
-                report(rows[-1])
-                continue
-            code = (
-                "import json; from pe_bench.harness.reports.sweep import _peak_memory_child as f;"
-                f"print(json.dumps(f({method!r}, {tokens}, {dim}, {heads}, {device!r}, {kernel!r})))"
-            )
-            result, reason = _run_child(code)
-            if result is None:
-                rows.append({**row, "status": reason})
-            else:
-                measured = json.loads(result)
-                peak, ms = round(measured["peak_mib"], 1), round(measured["ms"], 2)
-                rows.append({**row, "peak_mib": peak, "ms": ms, "status": "ok"})
-            report(rows[-1])
-    return pd.DataFrame(rows)
+    points = [(tokens, method) for tokens in token_counts for method in methods]
+    for index, (tokens, method) in enumerate(points):
+        try:
+            rows.append(_measure_point(tokens, method, dim, heads, device, kernel, dense))
+        except KeyboardInterrupt:  # a deadline: the points measured so far are the table
+            table = pd.DataFrame(rows, columns=["tokens", "method", "peak_mib", "ms", "status"])
+            table.attrs["interrupted"] = [f"{method} at {tokens:,} tokens" for tokens, method in points[index:]]
+            return table
+        report(rows[-1])
+    table = pd.DataFrame(rows)
+    table.attrs["interrupted"] = []
+    return table
+
+
+def _measure_point(tokens: int, method: str, dim: int, heads: int, device: str, kernel: str, dense: bool) -> dict:
+    """One (tokens, method) row of ``sweep_table``, measured in a fresh process."""
+    row: dict[str, object] = {"tokens": tokens, "method": method, "peak_mib": None, "ms": None}
+    if dense and _explicit_pape_bytes(method, tokens, heads) > EXPLICIT_BUDGET:
+        # The dense Eq. 9 bias holds a (B, H, N, N, m) tensor: past a few GiB it would only
+        # exhaust the machine; the row shows where the efficient form keeps going. (Flex,
+        # CUDA's default kernel, evaluates it without the tensor: not skipped there.)
+        return {**row, "status": f"skipped: dense bias > {EXPLICIT_BUDGET / 2**30:.0f} GiB"}
+    code = (
+        "import json; from pe_bench.harness.reports.sweep import _peak_memory_child as f;"
+        f"print(json.dumps(f({method!r}, {tokens}, {dim}, {heads}, {device!r}, {kernel!r})))"
+    )
+    result, reason = _run_child(code)
+    if result is None:
+        return {**row, "status": reason}
+    measured = json.loads(result)
+    return {**row, "peak_mib": round(measured["peak_mib"], 1), "ms": round(measured["ms"], 2), "status": "ok"}
 
 
 def sweep_markdown(sweep: pd.DataFrame) -> str:

@@ -251,15 +251,26 @@ def throughput_table(spec: BenchSpec, on_row: Callable[[dict], None] | None = No
     nopos calls, so drift of the machine during a long table cancels in the ratios; nopos's
     img/s over all its calls of the run is in ``table.attrs["nopos_over_the_run"]``. ``on_row``
     sees each row as soon as it is measured (a long GPU run killed at its time limit still
-    leaves the rows it finished). The method ``timm`` is timm's ViT of the same shape
+    leaves the rows it finished); interrupted (KeyboardInterrupt, e.g. a deadline's SIGINT)
+    after nopos, it returns the rows measured so far, with the methods not measured in
+    ``table.attrs["interrupted"]``. The method ``timm`` is timm's ViT of the same shape
     (``TIMM_MODELS``), the reference that nopos should match or beat.
     """
     methods = list(dict.fromkeys(("nopos", *spec.methods)))
     config, default_size = MODELS[spec.model]
     size = spec.image_size or default_size
-    rows, baseline = [], None
-    for method in methods:
-        row, ran = _measure_method(method, spec, baseline)
+    rows, baseline, interrupted = [], None, []
+    for index, method in enumerate(methods):
+        try:
+            row, ran = _measure_method(method, spec, baseline)
+        except KeyboardInterrupt:
+            # A deadline (Ctrl-C, `timeout -s INT`) stops the table, not the report: the rows
+            # measured so far get their bounds and nopos's spread; the method cut off mid-way
+            # leaves no half row, and the ones not reached are named in attrs["interrupted"].
+            if baseline is None:
+                raise  # not even nopos: no ratio to report
+            interrupted = methods[index:]
+            break
         if baseline is None:  # nopos: every later call pairs with its jobs
             jobs = {column: job for column, (job, _) in ran.items()}
             baseline = _Baseline(jobs, {column: list(timing.seconds) for column, (_, timing) in ran.items()})
@@ -293,6 +304,7 @@ def throughput_table(spec: BenchSpec, on_row: Callable[[dict], None] | None = No
     measured = [c for prefix in prefixes for c in table if c.startswith(prefix)]
     order = ["kernel", "flop_bound", *measured, "train_peak_mib"]
     table = table[[c for c in order if c in table]]
+    table.attrs["interrupted"] = interrupted
     if baseline is not None:
         table.attrs["nopos_over_the_run"] = {
             column: baseline.over_the_run(column, int(column.rsplit("_b", 1)[1])) for column in baseline.seconds

@@ -83,3 +83,20 @@ def test_bench_command_prints_the_table(capsys):
     assert "infer_ms_per_image_b32_vs_nopos" in out and "train_step_ms_b32" in out and "device:" in out
     assert "train_step_ms_b32_iqr" in out and "gflops_per_image" in out and "torch threads: 1" in out
     assert torch.get_num_threads() == threads  # the timer restores the setting
+
+
+def test_an_interrupted_sweep_keeps_its_points_and_names_the_rest(monkeypatch):
+    real = sweep_module._measure_point
+
+    def measure(tokens, method, *args):
+        if method == "alibi":
+            raise KeyboardInterrupt  # a deadline's SIGINT while this point's child runs
+        return real(tokens, method, *args)
+
+    monkeypatch.setattr(sweep_module, "_measure_point", measure)
+    streamed = []
+    sweep = sweep_table(["nopos", "alibi", "rope"], [16, 32], dim=16, heads=2, on_row=streamed.append)
+    assert list(sweep["method"]) == ["nopos"] and streamed == sweep.to_dict("records")
+    assert sweep.attrs["interrupted"] == ["alibi at 16 tokens", "rope at 16 tokens", "nopos at 32 tokens",
+                                          "alibi at 32 tokens", "rope at 32 tokens"]  # fmt: skip
+    assert "MiB /" in sweep_markdown(sweep)

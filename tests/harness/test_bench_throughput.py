@@ -223,3 +223,47 @@ def test_each_encoding_is_freed_before_the_next_is_built(monkeypatch):
     monkeypatch.setattr(throughput, "_build_vit", build)
     throughput_table(_spec(methods=("rope", "sincos", "alibi"), batches=(1,)))
     assert len(built) == 4
+
+
+def _interrupt_at(monkeypatch, method: str) -> None:
+    """Make the img/s table's measurement of ``method`` end as a deadline's SIGINT would."""
+    real = throughput._measure_method
+
+    def measure(name, spec, baseline):
+        if name == method:
+            raise KeyboardInterrupt
+        return real(name, spec, baseline)
+
+    monkeypatch.setattr(throughput, "_measure_method", measure)
+
+
+def test_an_interrupted_table_reports_what_it_measured_and_names_the_rest(monkeypatch):
+    """A GPU run's deadline (``timeout -s INT``) used to lose the whole table, its FLOP bounds
+    and nopos's spread; the rows before it are the table now, nothing half-measured."""
+    _interrupt_at(monkeypatch, "pape[m=4]")
+    table = throughput_table(_spec(batches=(1,)))
+    assert list(table.index) == ["nopos", "rope"]
+    assert table.attrs["interrupted"] == ["pape[m=4]", "alibi"]
+    assert table.loc["rope", "flop_bound"] > 0 and table.loc["rope", "train_img_s_b1_vs_bound"] > 0
+    assert table.attrs["nopos_over_the_run"]["train_img_s_b1"]["calls"] == 2  # nopos's own and rope's pair
+
+
+def test_a_table_interrupted_before_nopos_is_measured_is_no_table(monkeypatch):
+    _interrupt_at(monkeypatch, "nopos")
+    with pytest.raises(KeyboardInterrupt):
+        throughput_table(_spec(batches=(1,)))
+
+
+def test_bench_command_interrupted_prints_and_writes_the_rows_it_measured(capsys, monkeypatch, tmp_path):
+    from pe_bench.harness.reports import sweep as sweep_module
+
+    _interrupt_at(monkeypatch, "alibi")
+    monkeypatch.setattr(sweep_module, "sweep_table", lambda *a, **k: pytest.fail("the sweep ran after a deadline"))
+    args = ["bench", "--model", "tiny", "--methods", "nopos,rope,alibi", "--repeats", "1", "--no-forward"]
+    code = main([*args, "--throughput", "--throughput-batch", "1", "--sweep", "64", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 130
+    assert "interrupted before it measured: alibi" in out
+    assert "nopos over the whole run" in out and "| rope " in out
+    written = pd.read_csv(tmp_path / "bench_throughput.csv", index_col="method")
+    assert list(written.index) == ["nopos", "rope"] and written.loc["rope", "flop_bound"] > 0
