@@ -40,9 +40,8 @@ _kernel_policy: KernelPolicy = "auto"
 #: "auto" on CUDA keeps SDPA with the dense bias up to this many bias elements per layer
 #: (32 MiB in float32) and runs FlexAttention above. Measured at the two ends, not between:
 #: at ViT-B/16 224² (12 x 197² = 0.47M elements, shared by the batch) Flex took 3.1-3.8x
-#: nopos's training step on an H200 (README, "On a GPU"), while the dense bias added 0.28 ms
-#: per layer to SDPA's 0.68 (forward + backward at batch 128, issue 16's measurement on an
-#: H100); at 16,384 tokens (3.2G elements) the dense path took 367 ms and 25.9 GB for one
+#: nopos's training step on an H200 and the dense bias 1.09-1.23x (alibi, lookhere, relpos;
+#: README, "On a GPU"); at 16,384 tokens (3.2G elements) the dense path took 367 ms and 25.9 GB for one
 #: layer's forward, Flex 39 ms (issue 16's own ALiBi score_mod) and 129 ms (pe-bench's, on the
 #: H200) in nopos's 121 MiB. Where the two cross is `.ci/gpu kernels`' question.
 DENSE_BIAS_MAX_ELEMENTS = 2**23
