@@ -43,6 +43,16 @@ Two forms, selected by ``form``:
   gradients' within 1.7x of the content gradients', at every grid from 14 x 14 to 128 x 128. The cost: one attention
   call per tile, and every tile holds its own widened features of all keys (T copies of k:
   keep T small, e.g. 4 tiles of 7 x 7 at 14 x 14).
+  Positional bias (``low_precision: bias``): with 16-bit q/k, the widened features' product
+  <f_q_i, f_k_j> is not folded into q and k but formed by one float32 matmul as a (B, H, Nq,
+  Nk) bias (``positional_bias``), rounded to 16 bits only after the cancellation, and SDPA
+  runs the unwidened 16-bit heads with that bias. Its backward is that matmul's, in float32:
+  the kernel returns dS rounded per pair (a relative error of each pair's own term), and
+  the positional columns combine in float32. No frames or tiles are needed. The cost is
+  the N x N bias: (B, H, Nq, Nk) in float32 and 16 bits per layer, which fits small grids
+  (ViT-B at 224²: 0.47M elements per sample and layer), plus the float32 matmul. That
+  matmul needs IEEE float32: TF32 would round the features to 10 bits, so it is refused on
+  CUDA then. 32-bit q/k keep the widened form, which is exact there.
 * ``explicit``: the bias of Eq. 9 built as a (B, H, Nq, Nk) tensor: the reference oracle
   and the memory comparison. Its FlexAttention form (``score_mod``, used on CUDA) evaluates
   Eq. 9 with the direct differences Δr_ij per (query, key) pair inside the kernel, from
@@ -85,6 +95,8 @@ from .base import (
 )
 from .registry import register
 
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
 
 class WidenedFormOptions(EncodingOptions):
     """What PaPE's and PaPE-RI's options share: the efficient form's frames (module doc). Each
@@ -98,7 +110,18 @@ class WidenedFormOptions(EncodingOptions):
                 "frame_tile applies to form 'efficient' only (the explicit form has no frame"
                 " to move: it takes r_j - r_i directly); drop frame_tile or use form: efficient"
             )
+        if self.frame_tile is not None and self.low_precision == "bias":
+            raise ValueError(
+                "frame_tile does not combine with low_precision 'bias' (the bias form's"
+                " float32 logits and gradients need no frames); drop frame_tile, or use"
+                " low_precision 'round' with frame_tile"
+            )
         return self
+
+    def positional_bias_form(self, q: Tensor) -> bool:
+        """Whether the efficient form runs as a float32 positional bias for these q/k
+        (``low_precision: bias`` with 16-bit q/k; the module doc's "Positional bias")."""
+        return self.form == "efficient" and self.low_precision == "bias" and q.dtype in LOW_PRECISION
 
     @property
     def tiled(self) -> bool:
@@ -138,15 +161,13 @@ class PaPEOptions(WidenedFormOptions):
     softplus: bool = True
     project: bool = True
     pad_to: int = Field(8, ge=1)
-    #: widened features with 16-bit q/k: "split" (hi + lo, float32-accurate) or "round".
-    low_precision: Literal["split", "round"] = "split"
+    #: widened features with 16-bit q/k: "split" (hi + lo, float32-accurate), "round", or
+    #: "bias" (their product as a float32 N x N bias; module doc, "Positional bias").
+    low_precision: Literal["split", "round", "bias"] = "split"
     #: efficient form: give every tile of frame_tile cells per grid axis (chunks of
     #: frame_tile^P tokens without a grid) its own frame, centred on its queries (None: one
     #: frame for all queries, centred on the keys). See the module doc, "Frames".
     frame_tile: int | None = Field(None, ge=1)
-
-
-LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def widen_heads(
@@ -181,6 +202,30 @@ def _joined_and_padded(parts: list[Tensor], multiple: int) -> Tensor:
     if pad:
         parts = [*parts, parts[0].new_zeros(*lead, pad)]
     return torch.cat([t.expand(*lead, -1) for t in parts], dim=-1)
+
+
+def require_ieee_float32_matmul(device: torch.device) -> None:
+    """Refuse TF32 float32 matmuls on CUDA (``torch.set_float32_matmul_precision("high")``):
+    they round the features to 10 bits, where the parabola's terms cancel. (The flag, not
+    ``get_float32_matmul_precision``, which Dynamo cannot trace; compiled graphs are
+    guarded on it.)"""
+    if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        raise RuntimeError(
+            "PaPE's low_precision 'bias' needs IEEE float32 matmuls, but TF32 is on"
+            " (torch.set_float32_matmul_precision('high' or 'medium'), or"
+            " torch.backends.cuda.matmul.allow_tf32): it rounds the features to 10 bits, where"
+            " the parabola's terms cancel. Call torch.set_float32_matmul_precision('highest'),"
+            " or use low_precision 'split'"
+        )
+
+
+def positional_bias(q_extra: Tensor, k_extra: Tensor, head_dim: int) -> Tensor:
+    """<q_extra_i, k_extra_j> / sqrt(head_dim), the efficient form's positional logits, as a
+    (B, H, Nq, Nk) bias made by one matmul in the features' dtype (float32 at least), outside
+    autocast, which would run it in 16 bits and cancel the parabola's terms there."""
+    require_ieee_float32_matmul(q_extra.device)
+    with torch.autocast(q_extra.device.type, enabled=False):
+        return (q_extra @ k_extra.to(q_extra.dtype).transpose(-1, -2)) / math.sqrt(head_dim)
 
 
 class ParabolicLayer(LayerEncoding):
@@ -247,10 +292,21 @@ class ParabolicLayer(LayerEncoding):
         return a, b
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
-        if self.options.form == "explicit":
+        if self.options.form == "explicit" or self.options.positional_bias_form(q):
             return q, k
+        split = self.options.low_precision == "split"
+        return widen_heads(q, k, *self._extra_features(inputs), split, self.options.pad_to)
+
+    def _extra_features(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        """The efficient form's positional features f_q (B, H, Nq, 2m + 1) and f_k (B or 1,
+        H, Nk, 2m + 1) in the frame's dtype, zero for tokens without a position."""
         s_q, s_k = self._frame(inputs)
-        a, b = self.coefficients(inputs.x_q)
+        # a and b (16-bit under autocast) join the frame's dtype first, exactly: otherwise
+        # autograd casts each of their gradient's terms (d offset s^2, d a, -2 s d linear;
+        # size |dS| s^2 each) to 16 bits before adding them, and the parabola's cancellation
+        # down to |dS| (s_i - s_j)^2 happens in 16 bits (a 3.8 % error of PaPE's positional
+        # gradients at 14 x 14 in bench --pape-precision, with the positional bias form).
+        a, b = (None if c is None else c.to(s_q.dtype) for c in self.coefficients(inputs.x_q))
         # Features in the frame's dtype (at least float32): the cancellation happens there.
         # Each term is built once, without zero-initialised accumulators (0 + x and 0 - x
         # are x and -x exactly, so this gives the bits of the sum written out term by term).
@@ -274,11 +330,11 @@ class ParabolicLayer(LayerEncoding):
         # Queries without a position (CLS) carry no positional term: their features are 0
         # (a and b zeroed, as in ``bias``), set once on the joined features.
         q_extra = torch.cat(q_parts, dim=-1) * inputs.query.has_pos[:, None, :, None]
-        k_extra = positioned_keys(torch.cat(k_parts, dim=-1), inputs)
-        split = self.options.low_precision == "split"
-        return widen_heads(q, k, q_extra, k_extra, split, self.options.pad_to)
+        return q_extra, positioned_keys(torch.cat(k_parts, dim=-1), inputs)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
+        if self.options.positional_bias_form(q):
+            return positional_bias(*self._extra_features(inputs), q.shape[-1])
         if self.options.form != "explicit":
             return None
         s_q, s_k = self._frame(inputs)

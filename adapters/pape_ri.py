@@ -27,7 +27,9 @@ Two forms, selected by ``form``:
   bf16; ``low_precision`` "split" (default) carries the extra features as hi + lo 16-bit
   pairs so that it happens in the kernel's float32 accumulator, as pape.py's ``widen_heads``;
   ``frame_tile`` gives each tile of queries its own frame, for exact gradients in 16 bits
-  too (pape.py's "Frames").
+  too (pape.py's "Frames"); "bias" forms the features' product as a float32 N x N bias
+  and leaves q/k unwidened, exact forward and gradients in 16 bits (pape.py's "Positional
+  bias").
 * ``explicit``: α_i w_p^2 ||r_j - r_i||^2 built directly as a (B, H, Nq, Nk) bias from the
   pairwise distances (independently of the factorisation above): the test oracle.
 
@@ -63,7 +65,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from .base import AttentionInputs, LayerEncoding, PositionEncoding, Principle, first_sample_if_shared
-from .pape import WidenedFormOptions, frame_coords, frame_tiles, positioned_keys, widen_heads
+from .pape import WidenedFormOptions, frame_coords, frame_tiles, positional_bias, positioned_keys, widen_heads
 from .registry import register
 
 
@@ -72,8 +74,9 @@ class PaPERIOptions(WidenedFormOptions):
     pad_to: int = Field(8, ge=1)
     #: official: frozen w_p ~ U(±1/sqrt(P)) (the authors' code); geometric: learnable 2^(-4h/H).
     wp_init: Literal["official", "geometric"] = "official"
-    #: widened features with 16-bit q/k: "split" (hi + lo, float32-accurate) or "round" (pape.py).
-    low_precision: Literal["split", "round"] = "split"
+    #: widened features with 16-bit q/k: "split" (hi + lo, float32-accurate), "round" or
+    #: "bias" (a float32 N x N bias), as pape.py's.
+    low_precision: Literal["split", "round", "bias"] = "split"
     #: efficient form: a frame per tile of frame_tile cells per grid axis (pape.py's "Frames").
     frame_tile: int | None = Field(None, ge=1)
 
@@ -115,21 +118,30 @@ class ParabolicRILayer(LayerEncoding):
         return frame_tiles(self.options, inputs)
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
-        if self.options.form == "explicit":
+        if self.options.form == "explicit" or self.options.positional_bias_form(q):
             return q, k
+        split = self.options.low_precision == "split"
+        return widen_heads(q, k, *self._extra_features(inputs), split, self.options.pad_to)
+
+    def _extra_features(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        """The efficient form's positional features f_q (B, H, Nq, P + 2) and f_k (B or 1, H,
+        Nk, P + 2), float32 at least, zero for tokens without a position."""
         r_q, r_k = self._positions(inputs)
         w_p = self.w_p[None, :, None, None]
         s_q = w_p * r_q.unsqueeze(1)  # (B, H, Nq, P)
         s_k = s_q if r_k is r_q else w_p * r_k.unsqueeze(1)
-        alpha = self.alpha(inputs)
+        # α (16-bit under autocast) joins the frame's dtype first, so that its gradient's
+        # terms add up there and not in 16 bits (pape.py's _extra_features).
+        alpha = self.alpha(inputs).to(s_q.dtype)
         norm_q = s_q.square().sum(-1, keepdim=True)
         norm_k = norm_q if s_k is s_q else s_k.square().sum(-1, keepdim=True)
         q_extra = torch.cat([alpha * norm_q, alpha, -2 * alpha * s_q], dim=-1)
         k_extra = positioned_keys(torch.cat([torch.ones_like(s_k[..., :1]), norm_k, s_k], dim=-1), inputs)
-        split = self.options.low_precision == "split"
-        return widen_heads(q, k, q_extra, k_extra, split, self.options.pad_to)
+        return q_extra, k_extra
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
+        if self.options.positional_bias_form(q):
+            return positional_bias(*self._extra_features(inputs), q.shape[-1])
         if self.options.form != "explicit":
             return None
         r_q, r_k = self._positions(inputs)

@@ -1,6 +1,6 @@
 """``pe-bench bench --pape-precision``: PaPE's and PaPE-RI's widened q/k in 16-bit, their
 softmax and their parameters' gradients against float64 on 14²…128² grids, for each 16-bit
-formulation (``low_precision``: round, split; ``frame_tile``), with nopos as the floor that
+formulation (``low_precision``: round, split, bias; ``frame_tile``), with nopos as the floor that
 the content logits' own rounding sets (issue 16; README, Benchmark)."""
 
 from __future__ import annotations
@@ -24,22 +24,26 @@ PRECISION_VARIANTS = (
     ("bf16 round", {"low_precision": "round"}, torch.bfloat16),
     ("bf16 split", {"low_precision": "split"}, torch.bfloat16),
     ("bf16 tiles", {"low_precision": "round", "frame_tile": PRECISION_TILE}, torch.bfloat16),
+    ("bf16 bias", {"low_precision": "bias"}, torch.bfloat16),
 )
 
 
 def _query_groups(layer: Attention, x: torch.Tensor, layout: PositionLayout, rows: torch.Tensor, autocast):
-    """(query indices, q, k, v) per group of the sampled ``rows`` that the layer's encoding
-    transforms together (``frame_tile``), one group at a time: q and k are projected again
-    for every group, so that each group's graph (and its keys' widened features, one copy
-    per group) is freed before the next."""
+    """(query indices, q, k, v, bias) per group of the sampled ``rows`` that the layer's
+    encoding transforms together (``frame_tile``), one group at a time: q and k are
+    projected again for every group, so that each group's graph (and its keys' widened
+    features, one copy per group) is freed before the next. ``bias``: the encoding's bias
+    of those queries before SDPA's rounding to q's dtype (``low_precision: bias``), or None."""
     context = torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None)
     with context:
         q, k, v, inputs = layer._raw_heads(x, layout, None, None, False)
         groups = layer.query_groups(inputs)
         if groups is None:
             q, k = layer.transform(q, k, inputs)
+            # the sampled rows' bias alone (the frame is the keys'): N x N would not fit at 128²
+            bias = layer._bias(q[:, :, rows], k, inputs.for_queries(rows))
     if groups is None:
-        yield rows, q[:, :, rows], k, v
+        yield rows, q[:, :, rows], k, v, bias
         return
     sampled = torch.zeros(x.shape[1], dtype=torch.bool)
     sampled[rows] = True
@@ -49,7 +53,7 @@ def _query_groups(layer: Attention, x: torch.Tensor, layout: PositionLayout, row
             with context:
                 q, k, v, inputs = layer._raw_heads(x, layout, None, None, False)
                 group = layer.transform_group(q, k, inputs, chosen)
-            yield chosen, group.q, group.k, v
+            yield chosen, group.q, group.k, v, None  # grouping encodings have no bias
 
 
 def _attention_probabilities(layer: Attention, x: torch.Tensor, layout: PositionLayout, rows: torch.Tensor, autocast):
@@ -58,33 +62,43 @@ def _attention_probabilities(layer: Attention, x: torch.Tensor, layout: Position
     group of queries (``frame_tile``) with its own keys' features."""
     out = torch.empty(1, layer.num_heads, x.shape[1], x.shape[1], dtype=torch.float64)
     with torch.no_grad():
-        for query_ids, q, k, _ in _query_groups(layer, x, layout, rows, autocast):
+        for query_ids, q, k, _, bias in _query_groups(layer, x, layout, rows, autocast):
             logits = q.double() @ k.double().transpose(-1, -2) / math.sqrt(layer.head_dim)
+            if bias is not None:  # as SDPA gets it: rounded to q's dtype (attention_mask)
+                logits = logits + bias.to(q.dtype).double()
             out[:, :, query_ids] = logits.softmax(-1)
     return out[:, :, rows]
 
 
-def _kernel_gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, upstream: torch.Tensor, scale: float):
-    """dL/dq and dL/dk of L = <softmax(q k^T scale) v, upstream>, with the roundings of a
-    FlashAttention-style 16-bit backward: P rounded to 16 bits for P V, dS = P (dP - D)
-    rounded to 16 bits for the dS k and dS^T q products (exact products, wide sums), dq and
-    dk returned in q's dtype. For float32 and float64 q, plain autograd.
+def _kernel_gradients(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, upstream: torch.Tensor, scale: float, bias=None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """dL/dq, dL/dk and dL/dbias (None without a bias) of L = <softmax(q k^T scale + bias) v,
+    upstream>, with the roundings of a FlashAttention-style 16-bit backward: the bias rounded
+    to q's dtype (as SDPA gets it), P rounded to 16 bits for P V, dS = P (dP - D) rounded to
+    16 bits for the dS k and dS^T q products (exact products, wide sums) and returned as the
+    bias's gradient, dq and dk returned in q's dtype. For float32 and float64 q, plain
+    autograd.
 
     This is a model of the kernel's arithmetic, not a GPU measurement: FlashAttention-2 (and
     the memory-efficient and cuDNN kernels, which feed the same tensor-core products) hold
     P and dS in the input dtype for their second-stage products."""
     if q.dtype not in (torch.bfloat16, torch.float16):
-        q_, k_ = q.detach().requires_grad_(), k.detach().requires_grad_()
-        out = ((q_ @ k_.transpose(-1, -2)) * scale).softmax(-1) @ v.to(q.dtype)
-        return torch.autograd.grad((out * upstream.to(q.dtype)).sum(), (q_, k_))
+        inputs = [t.detach().to(q.dtype).requires_grad_() for t in (q, k) + (() if bias is None else (bias,))]
+        logits = (inputs[0] @ inputs[1].transpose(-1, -2)) * scale
+        out = (logits if bias is None else logits + inputs[2]).softmax(-1) @ v.to(q.dtype)
+        grads = torch.autograd.grad((out * upstream.to(q.dtype)).sum(), inputs)
+        return grads[0], grads[1], None if bias is None else grads[2]
     low = q.dtype
     wide = lambda t: t.double()  # noqa: E731 (exact products of 16-bit numbers, wide sums)
-    probabilities = ((wide(q) @ wide(k).transpose(-1, -2)) * scale).softmax(-1)
+    logits = (wide(q) @ wide(k).transpose(-1, -2)) * scale
+    probabilities = (logits if bias is None else logits + wide(bias.detach().to(low))).softmax(-1)
     out = wide(probabilities.to(low)) @ wide(v)
     d_out = wide(upstream.to(low))
     d_probabilities = d_out @ wide(v).transpose(-1, -2)
     d_scores = wide((probabilities * (d_probabilities - (d_out * out).sum(-1, keepdim=True))).to(low))
-    return (d_scores @ wide(k) * scale).to(low), (d_scores.transpose(-1, -2) @ wide(q) * scale).to(low)
+    d_q, d_k = (d_scores @ wide(k) * scale).to(low), (d_scores.transpose(-1, -2) @ wide(q) * scale).to(low)
+    return d_q, d_k, None if bias is None else d_scores.to(low)
 
 
 def _gradient_errors(layer: Attention, reference: Attention, x, layout, layout64, rows, autocast) -> dict[str, float]:
@@ -97,9 +111,12 @@ def _gradient_errors(layer: Attention, reference: Attention, x, layout, layout64
         n, scale = tokens.shape[1], 1.0 / math.sqrt(attention.head_dim)
         shape = (1, attention.num_heads, n, attention.head_dim)
         upstream = torch.randn(shape, generator=torch.Generator().manual_seed(1))
-        for query_ids, q, k, v in _query_groups(attention, tokens, positions, rows, cast):
-            d_q, d_k = _kernel_gradients(q, k, v.detach(), upstream[:, :, query_ids], scale)
-            torch.autograd.backward([q, k], [d_q, d_k])
+        for query_ids, q, k, v, bias in _query_groups(attention, tokens, positions, rows, cast):
+            d_q, d_k, d_bias = _kernel_gradients(q, k, v.detach(), upstream[:, :, query_ids], scale, bias)
+            if bias is None:
+                torch.autograd.backward([q, k], [d_q, d_k])
+            else:  # the cast to q's dtype passes the gradient through: float32 from here on
+                torch.autograd.backward([q, k, bias], [d_q, d_k, d_bias.to(bias.dtype)])
         return {name: p.grad.double() for name, p in attention.named_parameters() if p.grad is not None}
 
     got, exact = gradients(layer, x, layout, autocast), gradients(reference, x.double(), layout64, None)
@@ -127,7 +144,8 @@ def pape_precision_table(
     float64, for each of ``PRECISION_VARIANTS``: float32, and bf16 autocast with the widened
     features rounded to bf16 (the old formulation), split into hi + lo pairs (pape.py's
     default), or rounded in a frame per tile of 4 x 4 queries (``frame_tile``; encodings
-    without that option get no such column).
+    without that option get no such column), or as a float32 positional bias rounded to
+    bf16 after the cancellation (``low_precision: bias``).
     Beside it, ``grad``: the relative L2 error of the gradients that reach the encoding's
     parameters through q and k (a loss on the sampled rows, ``_kernel_gradients``' model of
     a 16-bit attention backward), and ``content grad``: the same for the qkv weight.

@@ -49,6 +49,17 @@ def _widened_channels(extra: int, pad_to: int, split: bool) -> int:
     return width + (-width % pad_to)
 
 
+def _widened_flops(extra: int, options: dict, pairs: int, bf16: bool) -> float:
+    """FLOPs of PaPE's (or PaPE-RI's) ``extra`` positional channels over ``pairs`` (query, key)
+    pairs: in q.k, widened (split 3x in bf16 and padded), or with ``low_precision: bias`` in
+    bf16 as a float32 product (2 per channel and pair, unpadded) plus the bias's add."""
+    low_precision = options.get("low_precision", "split")
+    if bf16 and low_precision == "bias":
+        return pairs * (2.0 * extra + 1)
+    split = bf16 and low_precision == "split"
+    return pairs * 2.0 * _widened_channels(extra, int(options.get("pad_to", 8)), split)
+
+
 def encoding_flops(method: str, config: ModelConfig, tokens: int, pos_dim: int = 2, bf16: bool = True) -> float | None:
     """Forward FLOPs per image that ``method`` adds to a ViT (``vit_forward_flops``), by the
     encoding's action point; None for an encoding the model does not know.
@@ -69,7 +80,10 @@ def encoding_flops(method: str, config: ModelConfig, tokens: int, pos_dim: int =
     * widened q/k (pape, pape-ri, efficient): q.k over the extra channels, 2 N^2 H w (v
       stays unpadded on CUDA), with w after the bf16 hi/lo split (3x, ``bf16``) and padding;
       plus the coefficient projections (PaPE: W_a, W_b: 4 N D H m; W_p: 2 N H m P; the
-      features ~ 8 N H m; PaPE-RI: w_α, 2 N D H).
+      features ~ 8 N H m; PaPE-RI: w_α, 2 N D H). ``low_precision: bias`` in bf16: the
+      same product unpadded, 2 N^2 H w, as a float32 matmul, and the bias's add. Counted
+      as FLOPs like the rest, although float32 runs at a fraction of the bf16 tensor-core
+      rate (IEEE float32 is what that form needs): its bound is optimistic by that.
 
     Training costs about three forwards for every term alike, so the training bound is the
     same ratio. The bound ignores memory traffic, which is what elementwise work costs.
@@ -105,16 +119,12 @@ def encoding_flops(method: str, config: ModelConfig, tokens: int, pos_dim: int =
         projections = layers * (4.0 * n * d * h * m + 2.0 * n * h * m * p + 8.0 * n * h * m)
         if options.get("form", "efficient") == "explicit":
             return projections + pairs * (5.0 * m + 2)
-        split = bf16 and options.get("low_precision", "split") == "split"
-        widened = _widened_channels(1 + 2 * m, int(options.get("pad_to", 8)), split)
-        return projections + layers * 2.0 * n * n * h * widened
+        return projections + _widened_flops(1 + 2 * m, options, layers * h * n * n, bf16)
     if parsed.name == "pape-ri":
         projections = layers * 2.0 * n * d * h
         if options.get("form", "efficient") == "explicit":
             return projections + pairs * (3.0 * p + 4)
-        split = bf16 and options.get("low_precision", "split") == "split"
-        widened = _widened_channels(p + 2, int(options.get("pad_to", 8)), split)
-        return projections + layers * 2.0 * n * n * h * widened
+        return projections + _widened_flops(p + 2, options, layers * h * n * n, bf16)
     return None
 
 

@@ -85,11 +85,16 @@ def test_the_kernel_model_of_the_backward_is_autograds_up_to_16_bit_rounding():
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, n, 16, generator=gen, dtype=torch.float64) for n in (5, 9, 9))
     upstream = torch.randn(1, 2, 5, 16, generator=gen, dtype=torch.float64)
-    exact = _kernel_gradients(q, k, v, upstream, 0.25)
-    modelled = _kernel_gradients(q.bfloat16(), k.bfloat16(), v.bfloat16(), upstream, 0.25)
-    for e, m in zip(exact, modelled, strict=True):
-        assert m.dtype == torch.bfloat16
-        assert float((m.double() - e).norm() / e.norm()) < 2e-2
+    bias = torch.randn(1, 2, 5, 9, generator=gen, dtype=torch.float64)  # low_precision: bias
+    for with_bias in (None, bias):
+        exact = _kernel_gradients(q, k, v, upstream, 0.25, with_bias)
+        low = None if with_bias is None else with_bias.float()
+        modelled = _kernel_gradients(q.bfloat16(), k.bfloat16(), v.bfloat16(), upstream, 0.25, low)
+        assert (exact[2] is None) == (modelled[2] is None) == (with_bias is None)
+        for e, m in zip(exact, modelled, strict=True):
+            if e is not None:
+                assert m.dtype == torch.bfloat16
+                assert float((m.double() - e).norm() / e.norm()) < 2e-2
 
 
 def test_gradients_through_the_widened_heads(precision):
@@ -122,3 +127,71 @@ def test_a_frame_per_tile_of_queries_keeps_forward_and_gradients_at_the_bf16_flo
         precision.loc[("pape-ri", "64x64"), "bf16 tiles grad"]
         < 3 * precision.loc[("pape-ri", "64x64"), "bf16 content grad"]
     )
+
+
+def test_positional_bias_form_keeps_forward_and_gradients_at_the_bf16_floor(precision):
+    """``low_precision: bias``: the widened features' product formed in float32 as a bias,
+    rounded to bf16 after the cancellation, and its backward a float32 matmul: softmax and
+    positional gradients near the content's own bf16 rounding at every grid, without frames,
+    where the split's gradients are off by tens of percent at 64 x 64 (checked above)."""
+    for method in ("pape", "pape-ri"):
+        for grid in ("14x14", "64x64"):
+            row = precision.loc[(method, grid)]
+            floor = precision.loc[("nopos", grid), "bf16 split mean"]
+            assert row["bf16 bias mean"] < 3 * floor, (method, grid, row["bf16 bias mean"])
+            assert row["bf16 bias grad"] < 3 * row["bf16 content grad"], (method, grid, row["bf16 bias grad"])
+    assert (
+        precision.loc[("pape", "64x64"), "bf16 bias grad"] < 0.05 * precision.loc[("pape", "64x64"), "bf16 split grad"]
+    )
+
+
+@pytest.mark.parametrize("method", ["pape", "pape-ri"])
+def test_positional_bias_is_the_explicit_bias(method):
+    """The bias form's float32 product of the efficient features equals Eq. 9's explicit
+    bias (float64 here: positions, weights and features; only q is 16-bit, which selects
+    the form), CLS row and column included."""
+    torch.manual_seed(0)
+    geometry = Geometry(pos_dim=2, grid_shape=(5, 6), num_prefix_tokens=1)
+    layout = PositionLayout.grid(2, (5, 6), 1)
+    layout = layout.with_coords(layout.coords.double())
+    x = torch.randn(2, 31, 32, dtype=torch.float64)
+    inputs = AttentionInputs(x_q=x, x_k=x, query=layout, key=layout)
+    q = torch.randn(2, 4, 31, 8, dtype=torch.bfloat16)
+    bias_layer = build(method, geometry, 32, 4, 1, {"low_precision": "bias"}).make_layer(0).double()
+    explicit = build(method, geometry, 32, 4, 1, {"form": "explicit"}).make_layer(0).double()
+    explicit.load_state_dict(bias_layer.state_dict())
+    got = bias_layer.bias(q, q, inputs)
+    assert got.dtype == torch.float64 and got.shape == (2, 4, 31, 31)
+    torch.testing.assert_close(got, explicit.bias(q, q, inputs), rtol=1e-10, atol=1e-10)
+    assert bias_layer.transform_qk(q, q, inputs)[0] is q  # the heads stay unwidened
+
+
+def test_positional_bias_form_is_the_widened_form_in_float32():
+    """32-bit q/k need no bias: the option leaves them on the widened, exact form (bit for bit)."""
+    torch.manual_seed(0)
+    geometry = Geometry(pos_dim=2, grid_shape=(4, 4), num_prefix_tokens=1)
+    layout = PositionLayout.grid(1, (4, 4), 1)
+    from pe_bench.harness.attention import Attention
+
+    encodings = [build("pape", geometry, 32, 2, 1, {"low_precision": lp}) for lp in ("bias", "split")]
+    layers = [Attention(32, 2, encoding.make_layer(0)) for encoding in encodings]
+    layers[1].load_state_dict(layers[0].state_dict())
+    x = torch.randn(1, 17, 32)
+    assert layers[0].encoding.bias(torch.randn(1, 2, 17, 16), None, None) is None
+    assert torch.equal(layers[0](x, layout), layers[1](x, layout))
+
+
+def test_positional_bias_form_refuses_tiles_and_tf32():
+    from pe_bench.adapters.pape import require_ieee_float32_matmul
+
+    with pytest.raises(ValueError, match="frame_tile does not combine with low_precision 'bias'"):
+        build("pape", Geometry(pos_dim=2, grid_shape=(4, 4)), 32, 2, 1, {"low_precision": "bias", "frame_tile": 2})
+    require_ieee_float32_matmul(torch.device("cuda"))  # the default: IEEE float32
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        with pytest.raises(RuntimeError, match="needs IEEE float32 matmuls, but TF32 is on"):
+            require_ieee_float32_matmul(torch.device("cuda"))
+        require_ieee_float32_matmul(torch.device("cpu"))  # TF32 is a CUDA setting
+    finally:
+        torch.set_float32_matmul_precision(previous)
