@@ -317,7 +317,7 @@ class ParabolicLayer(LayerEncoding):
             offset_q = (a * square).sum(-1, keepdim=True)
             # (a s) * -2 has the bits of -(2 a s): scaling by a power of two rounds alike.
             linear_q = (a * s_q) * -2
-            q_parts.append(a)  # the concatenation casts it to the frame's dtype, exactly
+            q_parts.append(a)
             k_parts.append(square if s_k is s_q else s_k.square())
         if b is not None:
             offset_b = (b * s_q).sum(-1, keepdim=True)
@@ -392,7 +392,8 @@ class ParabolicEncoding(PositionEncoding):
         claims = set(self.principles)
         opts = self.options
         dropped = {
-            Principle.FUSED_KERNEL: opts.form == "explicit",
+            # the bias form hands SDPA an N x N bias in 16 bits, the setting it exists for
+            Principle.FUSED_KERNEL: opts.form == "explicit" or opts.low_precision == "bias",
             Principle.DISTANCE_DECAY: not (opts.quadratic and opts.softplus),
             Principle.DIRECTIONALITY: not opts.linear,
             Principle.CONTEXT_AWARENESS: not opts.context,

@@ -165,7 +165,7 @@ class ParabolicRIEncoding(PositionEncoding):
     Options = PaPERIOptions
 
     def claimed_principles(self) -> frozenset[Principle]:
-        if self.options.form == "explicit":
+        if self.options.form == "explicit" or self.options.low_precision == "bias":  # N x N bias (pape.py)
             return self.principles - {Principle.FUSED_KERNEL}
         return self.principles
 

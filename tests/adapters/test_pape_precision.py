@@ -182,7 +182,12 @@ def test_positional_bias_form_is_the_widened_form_in_float32():
 
 
 def test_positional_bias_form_refuses_tiles_and_tf32():
+    from pe_bench.adapters.base import Principle
     from pe_bench.adapters.pape import require_ieee_float32_matmul
+
+    for method in ("pape", "pape-ri"):  # an N x N bias in 16 bits: no fused-kernel claim
+        encoding = build(method, Geometry(pos_dim=2, grid_shape=(4, 4)), 32, 2, 1, {"low_precision": "bias"})
+        assert Principle.FUSED_KERNEL not in encoding.claimed_principles()
 
     with pytest.raises(ValueError, match="frame_tile does not combine with low_precision 'bias'"):
         build("pape", Geometry(pos_dim=2, grid_shape=(4, 4)), 32, 2, 1, {"low_precision": "bias", "frame_tile": 2})
