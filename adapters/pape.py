@@ -225,7 +225,9 @@ def positional_bias(q_extra: Tensor, k_extra: Tensor, head_dim: int) -> Tensor:
     autocast, which would run it in 16 bits and cancel the parabola's terms there."""
     require_ieee_float32_matmul(q_extra.device)
     with torch.autocast(q_extra.device.type, enabled=False):
-        return (q_extra @ k_extra.to(q_extra.dtype).transpose(-1, -2)) / math.sqrt(head_dim)
+        # the scale on the (.., N, 2m + 1) features, not on the N x N product: a pass over
+        # the smaller tensor, forward and backward (exact for a power-of-two head width)
+        return (q_extra / math.sqrt(head_dim)) @ k_extra.to(q_extra.dtype).transpose(-1, -2)
 
 
 class ParabolicLayer(LayerEncoding):

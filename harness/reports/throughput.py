@@ -120,12 +120,12 @@ def encoding_flops(method: str, config: ModelConfig, tokens: int, pos_dim: int =
         projections = layers * (4.0 * n * d * h * m + 2.0 * n * h * m * p + 8.0 * n * h * m)
         if options.get("form", "efficient") == "explicit":
             return projections + pairs * (5.0 * m + 2)
-        return projections + _widened_flops(1 + 2 * m, options, layers * h * n * n, bf16)
+        return projections + _widened_flops(1 + 2 * m, options, pairs, bf16)
     if parsed.name == "pape-ri":
         projections = layers * 2.0 * n * d * h
         if options.get("form", "efficient") == "explicit":
             return projections + pairs * (3.0 * p + 4)
-        return projections + _widened_flops(p + 2, options, layers * h * n * n, bf16)
+        return projections + _widened_flops(p + 2, options, pairs, bf16)
     return None
 
 
