@@ -588,14 +588,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+#: how a bench table stopped by a deadline names what it did not reach (``_not_measured``)
+NOT_MEASURED = "interrupted before it measured:"
+
+
 def _was_interrupted(lines: list[str]) -> bool:
-    return any(line.startswith("interrupted before") for line in lines)
+    return any(line.startswith(NOT_MEASURED) for line in lines)
 
 
 def _not_measured(table) -> list[str]:
     """The line that names what an interrupted table did not reach (none if it finished)."""
     missing = table.attrs.get("interrupted")
-    return [f"interrupted before it measured: {', '.join(missing)}"] if missing else []
+    return [f"{NOT_MEASURED} {', '.join(missing)}"] if missing else []
 
 
 def _grid_bench(args: argparse.Namespace) -> int:

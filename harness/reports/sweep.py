@@ -113,16 +113,16 @@ def sweep_table(
     # dense bias past EXPLICIT_BUDGET is far above auto's small-bias threshold)
     dense = not wants_flex(torch.device(device), kernel)
     points = [(tokens, method) for tokens in token_counts for method in methods]
+    interrupted = []
     for index, (tokens, method) in enumerate(points):
         try:
             rows.append(_measure_point(tokens, method, dim, heads, device, kernel, dense))
         except KeyboardInterrupt:  # a deadline: the points measured so far are the table
-            table = pd.DataFrame(rows, columns=["tokens", "method", "peak_mib", "ms", "status"])
-            table.attrs["interrupted"] = [f"{method} at {tokens:,} tokens" for tokens, method in points[index:]]
-            return table
+            interrupted = [f"{method} at {tokens:,} tokens" for tokens, method in points[index:]]
+            break
         report(rows[-1])
-    table = pd.DataFrame(rows)
-    table.attrs["interrupted"] = []
+    table = pd.DataFrame(rows, columns=["tokens", "method", "peak_mib", "ms", "status"])
+    table.attrs["interrupted"] = interrupted
     return table
 
 
