@@ -88,6 +88,8 @@ def pairwise_score_mod(inputs: AttentionInputs, bias_of_offset) -> ScoreMod:
 
 
 class ALiBiLayer(LayerEncoding):
+    bias_by_query_chunks = True  # a function of each pair's positions
+
     def __init__(self, slopes: Tensor) -> None:
         super().__init__()
         self.register_buffer("slopes", slopes, persistent=False)

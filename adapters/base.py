@@ -153,9 +153,10 @@ class AttentionInputs:
     key: PositionLayout
     causal: bool = False
 
-    def for_queries(self, rows: Tensor) -> AttentionInputs:
+    def for_queries(self, rows: Tensor | slice) -> AttentionInputs:
         """These inputs for the queries ``rows`` only (every key stays; in self-attention the
-        key layout is still the whole sequence's). The restricted query layout has no grid."""
+        key layout is still the whole sequence's). The restricted query layout has no grid.
+        A slice keeps a batch-shared layout shared (stride 0), an index tensor copies it."""
         query = self.query
         valid = None if query.valid is None else query.valid[:, rows]
         part = PositionLayout(coords=query.coords[:, rows], has_pos=query.has_pos[:, rows], valid=valid)
@@ -236,6 +237,13 @@ class LayerEncoding(nn.Module):
     #: position or offset, added or embedded as it is): the parameters
     #: ``optim.table_lr_scale`` applies to (see :func:`position_table_parameters`).
     tables: ClassVar[frozenset[str]] = frozenset()
+    #: whether ``bias`` of some of the queries (``inputs.for_queries(rows)`` with those rows
+    #: of the transformed q) equals those rows of the whole bias, for non-causal attention: the
+    #: attention core then builds a dense bias above ``DENSE_BIAS_CHUNK_ELEMENTS``
+    #: (harness/attention.py) one chunk of queries at a time. Tested for every encoding that
+    #: sets it (tests/harness/test_bias_chunks.py); False for biases of all queries at once
+    #: (SaPE²'s compares two queries' own vectors).
+    bias_by_query_chunks: ClassVar[bool] = False
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         """q: (B, H, Nq, E), k: (B, H, Nk, E) -> transformed (may widen E, equally for q and k)."""

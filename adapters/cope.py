@@ -114,6 +114,7 @@ def causal_keep(n_q: int, n_k: int, device: torch.device) -> Tensor:
 
 class CoPELayer(LayerEncoding):
     tables = frozenset({"pos_emb"})  # position-indexed: optim.table_lr_scale applies
+    bias_by_query_chunks = True  # a query's gates are counted over the keys alone
 
     def __init__(self, head_dim: int, npos_max: int, init_std: float) -> None:
         super().__init__()
@@ -134,6 +135,9 @@ class CoPELayer(LayerEncoding):
         before = lexicographic_less(ck, ck) & counted[:, :, None]
         rank = before.sum(1)  # rank_m = number of counted keys strictly before m
         return suffix_counts(gates, rank)
+
+    def dense_bias_elements(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> int:
+        return q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2]  # content gates: every sample's own
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
         p = self.positions(q, k, inputs)

@@ -205,6 +205,8 @@ def head_layout(groups: Sequence[str], num_heads: int) -> list[tuple[tuple[str, 
 
 
 class LookHereLayer(LayerEncoding):
+    bias_by_query_chunks = True  # each pair's distance and direction
+
     def __init__(self, num_heads: int, options: LookHereOptions, layer_slope: float) -> None:
         super().__init__()
         heads = head_layout(options.groups(), num_heads)

@@ -230,7 +230,19 @@ def positional_bias(q_extra: Tensor, k_extra: Tensor, head_dim: int) -> Tensor:
         return (q_extra / math.sqrt(head_dim)) @ k_extra.to(q_extra.dtype).transpose(-1, -2)
 
 
+def pape_bias_elements(options: WidenedFormOptions, q: Tensor, k: Tensor, per_pair: int) -> int:
+    """``dense_bias_elements`` of PaPE and PaPE-RI: the explicit form's per-pair tensor
+    (``per_pair`` values for each of every sample's pairs), the positional bias form's
+    (B, H, Nq, Nk) logits, and nothing for the widened q/k, which build no bias."""
+    pairs = q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2]  # a and b (alpha) are every sample's own
+    if options.form == "explicit":
+        return pairs * per_pair
+    return pairs if options.positional_bias_form(q) else 0
+
+
 class ParabolicLayer(LayerEncoding):
+    bias_by_query_chunks = True  # a query's a_i, b_i and s_i against every key, in the keys' frame
+
     def __init__(self, dim: int, num_heads: int, pos_dim: int, options: PaPEOptions) -> None:
         super().__init__()
         self.options = options
@@ -351,8 +363,7 @@ class ParabolicLayer(LayerEncoding):
         return out * inputs.key.has_pos[:, None, None, :] / math.sqrt(q.shape[-1])
 
     def dense_bias_elements(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> int:
-        # ``bias`` forms every sample's (B, H, Nq, Nk, m) differences Δr_ij
-        return q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2] * self.m
+        return pape_bias_elements(self.options, q, k, per_pair=self.m)
 
     def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod | None:
         if self.options.form != "explicit":

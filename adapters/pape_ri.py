@@ -65,7 +65,15 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from .base import AttentionInputs, LayerEncoding, PositionEncoding, Principle, first_sample_if_shared
-from .pape import WidenedFormOptions, frame_coords, frame_tiles, positional_bias, positioned_keys, widen_heads
+from .pape import (
+    WidenedFormOptions,
+    frame_coords,
+    frame_tiles,
+    pape_bias_elements,
+    positional_bias,
+    positioned_keys,
+    widen_heads,
+)
 from .registry import register
 
 
@@ -82,6 +90,8 @@ class PaPERIOptions(WidenedFormOptions):
 
 
 class ParabolicRILayer(LayerEncoding):
+    bias_by_query_chunks = True  # a query's alpha_i and position against every key, in the keys' frame
+
     def __init__(self, dim: int, num_heads: int, pos_dim: int, options: PaPERIOptions) -> None:
         super().__init__()
         self.options = options
@@ -138,6 +148,9 @@ class ParabolicRILayer(LayerEncoding):
         q_extra = torch.cat([alpha * norm_q, alpha, -2 * alpha * s_q], dim=-1)
         k_extra = positioned_keys(torch.cat([torch.ones_like(s_k[..., :1]), norm_k, s_k], dim=-1), inputs)
         return q_extra, k_extra
+
+    def dense_bias_elements(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> int:
+        return pape_bias_elements(self.options, q, k, per_pair=1)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
         if self.options.positional_bias_form(q):

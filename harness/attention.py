@@ -17,6 +17,17 @@ Flex against (``attention_kernel("flex")`` forces Flex, on CPU too, where eager
 FlexAttention runs forward only). Attention dropout has no Flex form, so training with
 ``dropout > 0`` keeps the dense path. A model's layers can be given their own choice
 (``set_attention_kernel``, ``trainer.attention_kernel``).
+
+The dense path's memory: a bias that would hold more than ``DENSE_BIAS_CHUNK_ELEMENTS``
+(the encoding's ``dense_bias_elements``) is built and attended one chunk of queries at a
+time, each chunk with every key, when the encoding's bias can be built for some of the
+queries (``LayerEncoding.bias_by_query_chunks``) and the attention is not causal. Each
+chunk's bias holds the same values as those rows of the whole bias, and softmax is per
+row, so the output is the same function; without autograd (evaluation, the extrapolation
+tables, the sweep) only one chunk's bias exists at a time, so memory grows linearly in the
+queries instead of as Nq x Nk. This is the path of the bias encodings that have no Flex
+form (CoPE, PaPE's and PaPE-RI's positional bias form), and of every bias encoding on CPU
+and under ``attention_kernel: dense``.
 """
 
 from __future__ import annotations
@@ -45,6 +56,12 @@ _kernel_policy: KernelPolicy = "auto"
 #: layer's forward, Flex 39 ms (issue 16's own ALiBi score_mod) and 129 ms (pe-bench's, on the
 #: H200) in nopos's 121 MiB. Where the two cross is `.ci/gpu kernels`' question.
 DENSE_BIAS_MAX_ELEMENTS = 2**23
+#: the dense path's budget per SDPA call, in elements of the encoding's largest bias tensor
+#: (``dense_bias_elements``; 512 MiB in float32): above it the queries are attended in
+#: chunks (module doc). ViT-B/16 at 224² stays whole: PaPE's positional bias at batch 128 is
+#: 128 x 12 x 197² = 60M elements.
+DENSE_BIAS_CHUNK_ELEMENTS = 2**27
+_chunk_elements = DENSE_BIAS_CHUNK_ELEMENTS
 #: how "auto" resolves on CUDA, as a cell's config.yaml records it (effective.attention_kernel)
 AUTO_ON_CUDA = f"flex above {DENSE_BIAS_MAX_ELEMENTS} bias elements, else dense"
 
@@ -61,6 +78,21 @@ def attention_kernel(policy: KernelPolicy) -> Iterator[None]:
         yield
     finally:
         _kernel_policy = previous
+
+
+@contextlib.contextmanager
+def dense_bias_chunk_elements(elements: int) -> Iterator[None]:
+    """The dense path's budget per chunk of queries inside the block (``query_chunks``), in
+    place of ``DENSE_BIAS_CHUNK_ELEMENTS``: tests and the conformance check force chunks of
+    a few queries on small inputs with it."""
+    global _chunk_elements
+    if elements < 1:
+        raise ValueError(f"dense_bias_chunk_elements: the budget must be at least 1 element, got {elements}")
+    previous, _chunk_elements = _chunk_elements, elements
+    try:
+        yield
+    finally:
+        _chunk_elements = previous
 
 
 def check_kernel_policy(policy: str, where: str) -> KernelPolicy:
@@ -303,9 +335,39 @@ class Attention(nn.Module):
             scale = 1.0 / math.sqrt(self.head_dim)
             out = flex_attention_with_masks(q, k, v, score_mod, inputs.key, causal, scale, mask_mod)
             return self._merge_heads(out)
+        chunks = self.query_chunks(q, k, inputs)
+        if chunks is not None:
+            return self._merge_heads(self._chunked_bias_attention(q, k, v, inputs, chunks))
         bias = self._bias(q, k, inputs)
         mask, is_causal = attention_mask(bias, inputs.key, causal, q.shape[-2], q.dtype)
         return self._merge_heads(self._sdpa(q, k, v, mask, is_causal))
+
+    def query_chunks(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> list[slice] | None:
+        """Consecutive chunks of queries whose dense bias stays within the budget each
+        (``DENSE_BIAS_CHUNK_ELEMENTS``, or ``dense_bias_chunk_elements``'s; at least one query
+        per chunk), or None: the bias is small or absent, or the encoding builds its bias for
+        all queries at once, or the attention is causal (an encoding aligns its own causal
+        mask by the shapes it sees: a chunk's queries would be taken for the last ones)."""
+        if self.encoding is None or inputs.causal or not self.encoding.bias_by_query_chunks:
+            return None
+        elements, n_q = self.encoding.dense_bias_elements(q, k, inputs), q.shape[-2]
+        if elements <= _chunk_elements or n_q == 1:
+            return None
+        size = max(1, _chunk_elements * n_q // elements)
+        return [slice(start, min(start + size, n_q)) for start in range(0, n_q, size)]
+
+    def _chunked_bias_attention(
+        self, q: Tensor, k: Tensor, v: Tensor, inputs: AttentionInputs, chunks: list[slice]
+    ) -> Tensor:
+        """SDPA with the encoding's dense bias, one chunk of queries (``query_chunks``) at a
+        time: (B, H, Nq, head_dim), the function of the whole bias."""
+        outs = []
+        for rows in chunks:
+            q_rows = q[:, :, rows]
+            bias = self.encoding.bias(q_rows, k, inputs.for_queries(rows))
+            mask, _ = attention_mask(bias, inputs.key, False, q_rows.shape[-2], q.dtype)
+            outs.append(self._sdpa(q_rows, k, v, mask, False))
+        return torch.cat(outs, dim=2)
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         """SDPA with the logit scale of the unwidened head; (B, H, Nq, head_dim)."""

@@ -28,6 +28,11 @@ Outputs are compared with max |a - b| <= ``PROTOCOL_TOL`` (1e-4) * max(1, max |b
   the keys changes no query output; and cross-attention of a sequence onto itself (a copy
   of its layout, not the same object) reproduces self-attention. An encoding that declines
   cross-attention (``NotApplicableError``) passes as n/a.
+* query chunks (encodings whose dense bias the attention core may build a chunk of queries
+  at a time, ``LayerEncoding.bias_by_query_chunks``): with padding as above, the outputs of
+  the depth-2 encoder in eval mode with the bias built one query at a time
+  (``dense_bias_chunk_elements(1)``) equal those with the whole bias. Encodings without a
+  dense bias, or that build it for all queries at once, pass as n/a.
 
 A check that raises fails with the exception as its message.
 """
@@ -38,13 +43,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from unittest import mock
 
 import torch
 from torch import Tensor
 
 from pe_bench.adapters.base import NotApplicableError, PositionLayout
 
-from ..attention import Attention
+from ..attention import Attention, dense_bias_chunk_elements
 from ..blocks import TransformerEncoder
 from .probes import BATCH, DIM, HEADS, PAD_TOKENS, Probe, random_shift, run_safely, shift, with_padding
 
@@ -245,6 +251,26 @@ def _cross(model: TransformerEncoder, probe: Probe, gen: torch.Generator) -> str
     return "; ".join(problems) if problems else None
 
 
+def check_query_chunks(model: TransformerEncoder, layout: PositionLayout, gen: torch.Generator) -> Outcome:
+    x = torch.randn(BATCH, layout.coords.shape[1], DIM, generator=gen)
+    padded, xp = with_padding(layout, x, PAD_TOKENS, gen)
+    real = x.shape[1]
+    # counted, to tell a pass from an encoding whose bias was never built in chunks
+    counting = mock.patch.object(
+        Attention, "_chunked_bias_attention", autospec=True, side_effect=Attention._chunked_bias_attention
+    )
+    with torch.no_grad():
+        ref = model(xp, padded)[:, :real]
+        with counting as spy, dense_bias_chunk_elements(1):
+            out = model(xp, padded)[:, :real]
+    if spy.call_count == 0:
+        return None, "n/a, no dense bias built in query chunks (none, or one built for all queries at once)"
+    ok, diff = _close(out, ref)
+    if not ok:
+        return f"building the bias one query at a time changes the outputs by {diff:.3g}", ""
+    return None, f"outputs unchanged with the bias built one query at a time ({spy.call_count} layers)"
+
+
 def run_checks(model: TransformerEncoder, probe: Probe, translation_invariant: bool) -> list[CheckResult]:
     """Every protocol check on one geometry, in a fixed order that shares one generator.
 
@@ -260,6 +286,7 @@ def run_checks(model: TransformerEncoder, probe: Probe, translation_invariant: b
         ("gradients", partial(check_gradients, model, layout, gen)),
         ("extrapolation", partial(check_extrapolation, model, probe, gen)),
         ("cross-attention", partial(check_cross, model, probe, gen)),
+        ("query chunks", partial(check_query_chunks, model, layout, gen)),
     ]
     results = []
     for name, check in checks:

@@ -71,12 +71,13 @@ def _peak_memory_child(
 
 EXPLICIT_BUDGET = 4 * 2**30
 
-#: ``--sweep``'s encodings: on CPU the bias encodings build their dense N x N bias (the
-#: reference path), which past a few thousand tokens only measures the machine's memory; on
-#: CUDA they run on FlexAttention, and the sweep shows their memory staying linear.
+#: ``--sweep``'s encodings: on CPU the bias encodings run their dense bias (the reference
+#: path, built in chunks of queries past 2^27 elements: harness/attention.py), slowly; on
+#: CUDA they run on FlexAttention, and CoPE, which has no Flex form, on the chunked dense
+#: bias: the sweep shows their memory staying linear.
 SWEEP_METHODS = {
     "cpu": "nopos,rope,pape,pape[form=explicit]",
-    "cuda": "nopos,rope,rope-mixed,pape,alibi,lookhere,relpos,sape2,pape[form=explicit]",
+    "cuda": "nopos,rope,rope-mixed,pape,alibi,lookhere,relpos,sape2,cope,pape[form=explicit]",
 }
 
 
@@ -130,9 +131,10 @@ def _measure_point(tokens: int, method: str, dim: int, heads: int, device: str, 
     """One (tokens, method) row of ``sweep_table``, measured in a fresh process."""
     row: dict[str, object] = {"tokens": tokens, "method": method, "peak_mib": None, "ms": None}
     if dense and _explicit_pape_bytes(method, tokens, heads) > EXPLICIT_BUDGET:
-        # The dense Eq. 9 bias holds a (B, H, N, N, m) tensor: past a few GiB it would only
-        # exhaust the machine; the row shows where the efficient form keeps going. (Flex,
-        # CUDA's default kernel, evaluates it without the tensor: not skipped there.)
+        # The dense Eq. 9 bias holds (B, H, N, N, m) differences: past a few GiB, even built
+        # in chunks of queries (harness/attention.py) it takes hours on a CPU; the row shows
+        # where the efficient form keeps going. (Flex, CUDA's default kernel, evaluates it
+        # per pair inside the kernel: not skipped there.)
         return {**row, "status": f"skipped: dense bias > {EXPLICIT_BUDGET / 2**30:.0f} GiB"}
     code = (
         "import json; from pe_bench.harness.reports.sweep import _peak_memory_child as f;"

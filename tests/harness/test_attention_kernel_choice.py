@@ -91,9 +91,12 @@ def test_auto_on_cuda_keeps_small_dense_biases_and_sends_large_ones_to_flex():
         assert not wants_flex(cuda, "flex", large)
 
 
-def _dense_elements(name: str, options: dict, padded: bool, batch: int = 3, grid=(4, 5)) -> tuple[int, int]:
+def _dense_elements(
+    name: str, options: dict, padded: bool, batch: int = 3, grid=(4, 5), bf16: bool = False
+) -> tuple[int, int]:
     """The encoding's declared dense-bias elements, and what its dense path's bias (or, for
-    pape's explicit form, its per-pair differences) holds when built."""
+    pape's explicit form, its per-pair differences) holds when built (0: no bias); ``bf16``
+    under bf16 autocast (PaPE's positional bias form)."""
     geometry = Geometry(pos_dim=2, grid_shape=grid, num_prefix_tokens=1)
     encoding = build(name, geometry, 32, 4, depth=1, options=options)
     layer = Attention(32, 4, encoding.make_layer(0)).eval()
@@ -102,23 +105,34 @@ def _dense_elements(name: str, options: dict, padded: bool, batch: int = 3, grid
         layout.valid = torch.ones(batch, layout.coords.shape[1], dtype=torch.bool)
         layout.valid[-1, -3:] = False
     x = torch.randn(batch, layout.coords.shape[1], 32)
-    with torch.no_grad():
-        q, k, _, inputs = layer._raw_heads(x, layout.sharing_features(), None, None, False)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        q, k, _, inputs = layer._project(x, layout.sharing_features(), None, None, False)
         declared = layer.encoding.dense_bias_elements(q, k, inputs)
         bias, _ = attention_mask(layer.encoding.bias(q, k, inputs), inputs.key, False, q.shape[-2], q.dtype)
-    return declared, bias.numel()
+    return declared, 0 if bias is None or bias.dtype == torch.bool else bias.numel()
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["shared", "padded"])
-@pytest.mark.parametrize("name", ["alibi", "relpos", "lookhere", "sape2"])
+@pytest.mark.parametrize("name", ["alibi", "relpos", "lookhere", "sape2", "cope", "pape-ri[form=explicit]"])
 def test_declared_dense_bias_elements_are_what_the_dense_path_builds(name, padded):
     """A grid shared by the batch makes one sample's bias; padding (masked in per sample)
-    and SaPE²'s content gates make every sample's."""
-    declared, built = _dense_elements(name, {}, padded)
+    and content (SaPE²'s and CoPE's gates, PaPE-RI's alpha) make every sample's."""
+    method = parse_method(name)
+    declared, built = _dense_elements(method.name, dict(method.options), padded)
     assert declared == built
     tokens = 1 + 4 * 5
-    per_sample = padded or name == "sape2"
+    per_sample = padded or name not in ("alibi", "relpos", "lookhere")
     assert declared == (3 if per_sample else 1) * 4 * tokens * tokens
+
+
+@pytest.mark.parametrize("name", ["pape", "pape-ri"])
+def test_pape_declares_its_positional_bias_and_no_bias_for_the_widened_form(name):
+    """What the core weighs for Flex and for chunks of queries (test_bias_chunks.py): the
+    bias form's (B, H, Nq, Nk) logits in 16 bits, nothing where q and k are widened."""
+    declared, built = _dense_elements(name, {"low_precision": "bias"}, padded=False, bf16=True)
+    assert declared == built == 3 * 4 * 21 * 21
+    for options, bf16 in (({"low_precision": "bias"}, False), ({}, True), ({}, False)):
+        assert _dense_elements(name, options, padded=False, bf16=bf16) == (0, 0)
 
 
 def test_pape_explicit_declares_its_per_pair_differences():
