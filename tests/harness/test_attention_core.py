@@ -83,3 +83,44 @@ def test_widened_pape_on_cuda_reaches_a_fused_kernel_with_an_unpadded_v(options,
     with torch.autocast("cuda", dtype=torch.bfloat16):
         layer(x, layout).float().sum().backward()
     assert chosen and all(c != SDPBackend.MATH.value for c in chosen), chosen
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["relpos", "pape[low_precision=bias]", "pape-ri[low_precision=bias]"])
+def test_a_learned_dense_bias_gets_its_gradient_from_cuda_sdpa_in_bf16(method, monkeypatch):
+    """CUDA, bf16: the dense path hands SDPA a bias that requires grad (relpos' table, PaPE's
+    positional bias form). cuDNN's attention backward returns dq, dk and dv only, so a kernel
+    that took the bias without returning its gradient would leave those parameters training
+    on nothing. Their gradients must match float32's within 25 % (a dropped bias gradient is
+    100 % off; bf16's own error is a few %: this CPU's math kernel, which rounds the N x N
+    probabilities and dS to bf16, gives 0.5-6 %), and the kernel SDPA picks in training is
+    printed (-s) for the record."""
+    from pe_bench.harness.grid.methods import parse_method
+
+    chosen = []
+    real = attention_module.F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        chosen.append(SDPBackend(torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale)).name)
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
+    parsed = parse_method(method)
+    geometry = Geometry(pos_dim=2, grid_shape=(14, 14), num_prefix_tokens=1)
+    torch.manual_seed(0)
+    encoding = build(parsed.name, geometry, 256, 4, 1, dict(parsed.options)).cuda()
+    layer = Attention(256, 4, encoding.make_layer(0)).cuda()
+    layout = encoding.prepare(PositionLayout.grid(4, (14, 14), 1, device="cuda"))
+    x = torch.randn(4, 197, 256, device="cuda")
+    grads = {}
+    for bf16 in (False, True):
+        layer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            layer(x, layout.sharing_features()).float().square().sum().backward()
+        grads[bf16] = {n: p.grad.clone() for n, p in layer.encoding.named_parameters() if p.grad is not None}
+    print(method, "SDPA kernels (float32, then bf16):", chosen)
+    assert grads[True].keys() == grads[False].keys() and grads[False]
+    for name, reference in grads[False].items():
+        error = ((grads[True][name] - reference).norm() / reference.norm()).item()
+        assert reference.abs().max() > 0 and error < 0.25, (name, error)
