@@ -169,7 +169,26 @@ class _TrainStep:
 
 def sdpa_backend(model: torch.nn.Module, images: torch.Tensor, device: str) -> str:
     """The SDPA kernels PyTorch picks inside the model's attention layers (e.g. FLASH_ATTENTION,
-    EFFICIENT_ATTENTION, MATH; MATH materialises the N x N logits), as one name or "a+b"."""
+    EFFICIENT_ATTENTION, MATH; MATH materialises the N x N logits), as one name or "a+b", in
+    inference, followed by " (training: ...)" where a training forward picks others: a bias
+    that requires grad (relpos' table, PaPE's positional bias form) is a different input to
+    the choice (CPU's flash kernel takes none, so training there runs MATH)."""
+    inference = _chosen_sdpa_kernels(lambda: _inference(model, images, device))
+    training = _chosen_sdpa_kernels(lambda: _training_forward(model, images, device))
+    return inference if training == inference else f"{inference} (training: {training})"
+
+
+def _training_forward(model: torch.nn.Module, images: torch.Tensor, device: str) -> None:
+    """One forward as a training step runs it (train mode, autograd recording); no backward.
+    Eager even for a compiled model: the probe is not worth a compilation of its own."""
+    try:
+        with torch.compiler.set_stance("force_eager"), _autocast(device):
+            model.train()(images)
+    finally:
+        model.eval()
+
+
+def _chosen_sdpa_kernels(run: Callable[[], None]) -> str:
     from torch.nn.attention import SDPBackend
 
     from pe_bench.harness import attention as attention_module
@@ -183,7 +202,7 @@ def sdpa_backend(model: torch.nn.Module, images: torch.Tensor, device: str) -> s
 
     attention_module.F.scaled_dot_product_attention = spy
     try:
-        _inference(model, images, device)
+        run()
     finally:
         attention_module.F.scaled_dot_product_attention = real
     return "+".join(sorted(chosen)) or "none (own attention)"

@@ -203,7 +203,9 @@ def _measure_method(
     resident = torch.cuda.memory_allocated() if cuda else 0  # nopos's jobs, while measuring another
     try:
         model, size = _build_vit(method, BenchSpec(**{**spec.__dict__, "compile": False}))
-        images = torch.randn(1, 3, size, size, device=spec.device)
+        # at the largest batch, whose training step the targets are about: the kernel
+        # can depend on it (a per-sample bias's elements decide Flex against the dense bias)
+        images = torch.randn(max(spec.batches), 3, size, size, device=spec.device)
         # timm's attention is not ours to spy on: its row names the model instead
         row["kernel"] = TIMM_MODELS[spec.model] if method == TIMM_ROW else attention_kernels(model, images, spec.device)
         if spec.compile:

@@ -6,7 +6,7 @@ import torch
 
 from pe_bench.harness.cli import main
 from pe_bench.harness.reports import sweep as sweep_module
-from pe_bench.harness.reports.bench import BenchSpec, forward_table
+from pe_bench.harness.reports.bench import BenchSpec, _build_vit, forward_table, sdpa_backend
 from pe_bench.harness.reports.sweep import sweep_markdown, sweep_table
 
 
@@ -28,7 +28,7 @@ def test_forward_table_is_relative_to_nopos_and_counts_positional_parameters():
     # fused-kernel encodings reach a fused kernel (CPU flash also takes ALiBi's float bias,
     # which is still an N x N tensor: the bias, not the kernel, decides the memory)
     backends = {"FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "OVERRIDEABLE", "MATH"}
-    assert all(set(choice.split("+")) <= backends for choice in table["sdpa"])
+    assert all(set(choice.split(" (training: ")[0].split("+")) <= backends for choice in table["sdpa"])
     assert "MATH" not in table.loc["rope", "sdpa"] and "MATH" not in table.loc["pape[m=4]", "sdpa"]
     assert table.loc["rope", "pos_params"] == 0 and table.loc["nopos", "pos_params"] == 0
     # PaPE per layer: W_a, W_b (2 m H d) + W_p (H m P); tiny ViT: d 64, H 4, depth 4, P 2.
@@ -100,3 +100,19 @@ def test_an_interrupted_sweep_keeps_its_points_and_names_the_rest(monkeypatch):
     assert sweep.attrs["interrupted"] == ["alibi at 16 tokens", "rope at 16 tokens", "nopos at 32 tokens",
                                           "alibi at 32 tokens", "rope at 32 tokens"]  # fmt: skip
     assert "MiB /" in sweep_markdown(sweep)
+
+
+def test_the_kernel_column_names_the_training_forwards_kernel_where_it_differs():
+    """A bias that requires grad is another input to SDPA's choice: CPU's flash kernel takes
+    none, so relpos (a learned table) trains on MATH while it infers on FLASH_ATTENTION; a
+    fixed bias (alibi) and no bias (rope) keep one kernel. The model is left in eval mode."""
+    kernels = {}
+    for method in ("rope", "alibi", "relpos"):
+        model, size = _build_vit(method, BenchSpec(model="tiny"))
+        kernels[method] = sdpa_backend(model, torch.randn(2, 3, size, size), "cpu")
+        assert not model.training
+    assert kernels == {
+        "rope": "FLASH_ATTENTION",
+        "alibi": "FLASH_ATTENTION",
+        "relpos": "FLASH_ATTENTION (training: MATH)",
+    }
