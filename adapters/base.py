@@ -256,7 +256,8 @@ class LayerEncoding(nn.Module):
 
     def dense_bias_elements(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> int:
         """Elements of the largest tensor ``bias`` builds, which the attention core weighs
-        (``trainer.attention_kernel: auto`` on CUDA) against FlexAttention: one (B or 1, H,
+        (``trainer.attention_kernel: auto`` on CUDA) against FlexAttention, and against its
+        budget per chunk of queries on the dense path (``bias_by_query_chunks``): one (B or 1, H,
         Nq, Nk) bias, one sample's when the batch shares positions and padding
         (``first_sample_if_shared``) and no key padding must be masked into it per sample.
         Encodings whose dense path builds more (per-sample gates, a per-pair m-vector) say so."""

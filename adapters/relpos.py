@@ -51,9 +51,8 @@ class RelPosOptions(EncodingOptions):
 
 
 class RelPosLayer(LayerEncoding):
-    bias_by_query_chunks = True  # a table entry per pair's offset
-
     tables = frozenset({"table"})  # position-indexed: optim.table_lr_scale applies
+    bias_by_query_chunks = True  # a table entry per pair's offset
 
     def __init__(self, num_heads: int, window: tuple[int, ...]) -> None:
         super().__init__()

@@ -26,8 +26,8 @@ chunk's bias holds the same values as those rows of the whole bias, and softmax 
 row, so the output is the same function; without autograd (evaluation, the extrapolation
 tables, the sweep) only one chunk's bias exists at a time, so memory grows linearly in the
 queries instead of as Nq x Nk. This is the path of the bias encodings that have no Flex
-form (CoPE, PaPE's and PaPE-RI's positional bias form), and of every bias encoding on CPU
-and under ``attention_kernel: dense``.
+form (CoPE, PaPE's and PaPE-RI's positional bias form), and of the others on CPU and
+under ``attention_kernel: dense`` (SaPE² excepted: its bias compares two queries).
 """
 
 from __future__ import annotations
