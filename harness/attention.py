@@ -356,6 +356,10 @@ class Attention(nn.Module):
         size = max(1, _chunk_elements * n_q // elements)
         return [slice(start, min(start + size, n_q)) for start in range(0, n_q, size)]
 
+    # Eager even inside a compiled model (a graph break): a few hundred chunks per layer, as
+    # evaluation at a large grid makes, would unroll into the graph and its compilation, and at
+    # these sizes a chunk's N x Nk work dwarfs its launches.
+    @torch.compiler.disable
     def _chunked_bias_attention(
         self, q: Tensor, k: Tensor, v: Tensor, inputs: AttentionInputs, chunks: list[slice]
     ) -> Tensor:

@@ -152,3 +152,18 @@ def test_without_autograd_no_built_bias_exceeds_the_budget():
 def test_the_budget_must_be_positive():
     with pytest.raises(ValueError, match="dense_bias_chunk_elements.*at least 1"), dense_bias_chunk_elements(0):
         pass
+
+
+def test_a_compiled_model_runs_the_chunks_eagerly_with_the_same_result():
+    """Under torch.compile the chunk loop is a graph break (not unrolled into the graph: at a
+    large grid it would be hundreds of chunks per layer); the function stays the same."""
+    layer, layout = _layer("alibi", {}, torch.float32)
+    x = torch.randn(BATCH, TOKENS, DIM)
+    with torch.no_grad(), dense_bias_chunk_elements(50):
+        eager = layer(x, layout)
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(layer)(x, layout)
+        compiled = torch.compile(layer, backend="eager")(x, layout)
+    assert explained.graph_break_count >= 1
+    assert any("disable" in str(reason.reason) for reason in explained.break_reasons)
+    torch.testing.assert_close(compiled, eager)
