@@ -186,8 +186,9 @@ def widen_heads(
         # The gradient passes through hi alone (rounding taken as the identity): lo = f - hi
         # has derivative 1 - 1 = 0 in f, which autograd would otherwise form as a sum of
         # +g and -g, four operators more per side in the backward and a rounding error.
-        q_lo = (q_extra - q_hi.to(q_extra.dtype)).detach().to(q.dtype)
-        k_lo = (k_extra - k_hi.to(k_extra.dtype)).detach().to(k.dtype)
+        # f - hi promotes hi inside the subtraction (exactly), without a float32 copy of it.
+        q_lo = (q_extra.detach() - q_hi.detach()).to(q.dtype)
+        k_lo = (k_extra.detach() - k_hi.detach()).to(k.dtype)
         q_parts, k_parts = [q, q_hi, q_hi, q_lo], [k, k_hi, k_lo, k_hi]
     else:
         q_parts, k_parts = [q, q_extra.to(q.dtype)], [k, k_extra.to(k.dtype)]
