@@ -321,7 +321,12 @@ class ParabolicLayer(LayerEncoding):
         # size |dS| s^2 each) to 16 bits before adding them, and the parabola's cancellation
         # down to |dS| (s_i - s_j)^2 happens in 16 bits (a 3.8 % error of PaPE's positional
         # gradients at 14 x 14 in bench --pape-precision, with the positional bias form).
-        a, b = (None if c is None else c.to(s_q.dtype) for c in self.coefficients(inputs.x_q))
+        # The same pass zeroes them for queries without a position (CLS): a query's every
+        # feature is a or b times something, so its features are 0 with no pass of their own.
+        mask = shared_per_forward(
+            inputs, ("query-mask", s_q.dtype), lambda: inputs.query.has_pos[:, None, :, None].to(s_q.dtype)
+        )
+        a, b = (None if c is None else c * mask for c in self.coefficients(inputs.x_q))
         # Features in the frame's dtype (at least float32): the cancellation happens there.
         # Each term is built once, without zero-initialised accumulators (0 + x and 0 - x
         # are x and -x exactly, so this gives the bits of the sum written out term by term).
@@ -342,10 +347,7 @@ class ParabolicLayer(LayerEncoding):
             offset_q, linear_q = torch.zeros_like(s_q[..., :1]), torch.zeros_like(s_q)
         q_parts = [offset_q, *q_parts, linear_q]
         k_parts.append(s_k)
-        # Queries without a position (CLS) carry no positional term: their features are 0
-        # (a and b zeroed, as in ``bias``), set once on the joined features.
-        q_extra = torch.cat(q_parts, dim=-1) * inputs.query.has_pos[:, None, :, None]
-        return q_extra, positioned_keys(torch.cat(k_parts, dim=-1), inputs)
+        return torch.cat(q_parts, dim=-1), positioned_keys(torch.cat(k_parts, dim=-1), inputs)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
         if self.options.positional_bias_form(q):
