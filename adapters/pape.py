@@ -331,18 +331,20 @@ class ParabolicLayer(LayerEncoding):
         # Each term is built once, without zero-initialised accumulators (0 + x and 0 - x
         # are x and -x exactly, so this gives the bits of the sum written out term by term).
         q_parts, k_parts = [], [torch.ones_like(s_k[..., :1])]
-        offset_q = linear_q = None
+        offset_q = None
         if a is not None:
             square = s_q.square()
             offset_q = (a * square).sum(-1, keepdim=True)
-            # (a s) * -2 has the bits of -(2 a s): scaling by a power of two rounds alike.
-            linear_q = (a * s_q) * -2
+            a_s = a * s_q
             q_parts.append(a)
             k_parts.append(square if s_k is s_q else s_k.square())
         if b is not None:
             offset_b = (b * s_q).sum(-1, keepdim=True)
             offset_q = -offset_b if offset_q is None else offset_q - offset_b
-            linear_q = b if linear_q is None else linear_q + b
+        linear_q = b
+        if a is not None:  # b - 2 a s in one pass: (a s) * -2 is exact (a power of two), so
+            # b + (-2) (a s) rounds once, as the sum written out would, fused multiply-add or not
+            linear_q = a_s * -2 if b is None else torch.add(b, a_s, alpha=-2)
         if offset_q is None:  # neither term (an ablation of both): the positional columns are 0
             offset_q, linear_q = torch.zeros_like(s_q[..., :1]), torch.zeros_like(s_q)
         q_parts = [offset_q, *q_parts, linear_q]
