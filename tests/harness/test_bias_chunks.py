@@ -167,3 +167,35 @@ def test_a_compiled_model_runs_the_chunks_eagerly_with_the_same_result():
     assert explained.graph_break_count >= 1
     assert any("disable" in str(reason.reason) for reason in explained.break_reasons)
     torch.testing.assert_close(compiled, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["cope", "pape[low_precision=bias]", "pape-ri[low_precision=bias]", "alibi"])
+def test_chunks_on_cuda_in_bf16_are_the_whole_bias(method):
+    """CUDA, bf16 autocast: the chunked dense bias (CoPE's and PaPE's positional bias form
+    have no Flex form, so they run it at long sequences; alibi forced onto the dense path)
+    gives the whole bias's outputs and gradients, through CUDA's own SDPA kernels."""
+    from pe_bench.harness.attention import attention_kernel
+    from pe_bench.harness.grid.methods import parse_method
+
+    parsed = parse_method(method)
+    torch.manual_seed(0)
+    geometry = Geometry(pos_dim=2, grid_shape=(14, 14), num_prefix_tokens=1)
+    encoding = build(parsed.name, geometry, 256, 4, 1, dict(parsed.options)).cuda()
+    layer = Attention(256, 4, encoding.make_layer(0)).cuda()
+    layout = encoding.prepare(PositionLayout.grid(2, (14, 14), 1, device="cuda"))
+    x = torch.randn(2, 197, 256, device="cuda")
+    results = []
+    for budget in (DENSE_BIAS_CHUNK_ELEMENTS, 2 * 4 * 197 * 16):  # whole, then chunks of 16 queries
+        layer.zero_grad(set_to_none=True)
+        xx = x.clone().requires_grad_()
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16)
+        with autocast, attention_kernel("dense"), dense_bias_chunk_elements(budget):
+            out = layer(xx, layout.sharing_features())
+        out.float().square().sum().backward()
+        results.append((out.detach(), [xx.grad] + [p.grad for p in layer.parameters() if p.grad is not None]))
+    (whole, whole_grads), (chunked, chunked_grads) = results
+    assert _relative(chunked, whole) < 1e-2
+    for new, ref in zip(chunked_grads, whole_grads, strict=True):
+        assert _relative(new, ref) < 2e-2
