@@ -299,12 +299,20 @@ class ParabolicLayer(LayerEncoding):
     def query_groups(self, inputs: AttentionInputs) -> list[Tensor] | None:
         return frame_tiles(self.options, inputs)
 
-    def _coefficients_for_queries(self, inputs: AttentionInputs) -> tuple[Tensor | None, Tensor | None]:
+    def _coefficients_for_queries(
+        self, inputs: AttentionInputs, dtype: torch.dtype
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """a and b in the frame's ``dtype``, zeroed for queries without a position (CLS): one
+        pass, which also casts them exactly when they are 16-bit (autocast). In the frame's
+        dtype their gradient's terms (d offset s^2, d a, -2 s d linear; size |dS| s^2 each)
+        add up there; in 16 bits the parabola's cancellation down to |dS| (s_i - s_j)^2 would
+        happen in 16 bits (a 3.8 % error of PaPE's positional gradients at 14 x 14 in
+        bench --pape-precision, with the positional bias form)."""
+        mask = shared_per_forward(
+            inputs, ("query-mask", dtype), lambda: inputs.query.has_pos[:, None, :, None].to(dtype)
+        )
         a, b = self.coefficients(inputs.x_q)
-        q_mask = inputs.query.has_pos[:, None, :, None]
-        a = None if a is None else a * q_mask
-        b = None if b is None else b * q_mask
-        return a, b
+        return (None if a is None else a * mask), (None if b is None else b * mask)
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         if self.options.form == "explicit" or self.options.positional_bias_form(q):
@@ -316,17 +324,9 @@ class ParabolicLayer(LayerEncoding):
         """The efficient form's positional features f_q (B, H, Nq, 2m + 1) and f_k (B or 1,
         H, Nk, 2m + 1) in the frame's dtype, zero for tokens without a position."""
         s_q, s_k = self._frame(inputs)
-        # a and b (16-bit under autocast) join the frame's dtype first, exactly: otherwise
-        # autograd casts each of their gradient's terms (d offset s^2, d a, -2 s d linear;
-        # size |dS| s^2 each) to 16 bits before adding them, and the parabola's cancellation
-        # down to |dS| (s_i - s_j)^2 happens in 16 bits (a 3.8 % error of PaPE's positional
-        # gradients at 14 x 14 in bench --pape-precision, with the positional bias form).
-        # The same pass zeroes them for queries without a position (CLS): a query's every
-        # feature is a or b times something, so its features are 0 with no pass of their own.
-        mask = shared_per_forward(
-            inputs, ("query-mask", s_q.dtype), lambda: inputs.query.has_pos[:, None, :, None].to(s_q.dtype)
-        )
-        a, b = (None if c is None else c * mask for c in self.coefficients(inputs.x_q))
+        # a query's every feature is a or b times something, so with a and b zeroed for
+        # queries without a position their features are 0 with no pass of their own
+        a, b = self._coefficients_for_queries(inputs, s_q.dtype)
         # Features in the frame's dtype (at least float32): the cancellation happens there.
         # Each term is built once, without zero-initialised accumulators (0 + x and 0 - x
         # are x and -x exactly, so this gives the bits of the sum written out term by term).
@@ -357,7 +357,7 @@ class ParabolicLayer(LayerEncoding):
         if self.options.form != "explicit":
             return None
         s_q, s_k = self._frame(inputs)
-        a, b = self._coefficients_for_queries(inputs)
+        a, b = self._coefficients_for_queries(inputs, s_q.dtype)
         delta = s_k.unsqueeze(2) - s_q.unsqueeze(3)  # (B, H, Nq, Nk, m): Δr_ij = W_p (r_j - r_i)
         out = torch.zeros(delta.shape[:-1], device=delta.device, dtype=delta.dtype)
         if a is not None:
@@ -377,7 +377,7 @@ class ParabolicLayer(LayerEncoding):
         # first_sample_if_shared) are given every sample's row again, stored (_flex.py's
         # run_flex stores expanded kernel inputs too, a suspected Triton failure otherwise).
         s_q, s_k = (s.expand(q.shape[0], -1, -1, -1).contiguous() for s in self._frame(inputs))
-        a, b = self._coefficients_for_queries(inputs)
+        a, b = self._coefficients_for_queries(inputs, s_q.dtype)
         has_k, scale, zero = inputs.key.has_pos, 1.0 / math.sqrt(q.shape[-1]), s_q.new_zeros(())
 
         def parabola(score: Tensor, n: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:

@@ -22,7 +22,7 @@ ABLATIONS = [
 
 def _term_by_term(layer: ParabolicLayer, q, k, inputs: AttentionInputs):
     s_q, s_k = layer._frame(inputs)
-    a, b = layer._coefficients_for_queries(inputs)
+    a, b = layer._coefficients_for_queries(inputs, s_q.dtype)
     offset_q, linear_q = torch.zeros_like(s_q[..., :1]), torch.zeros_like(s_q)
     if a is not None:
         offset_q = offset_q + (a * s_q.square()).sum(-1, keepdim=True)
