@@ -59,7 +59,7 @@ def _relative(new: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize(("name", "options", "dtype"), CHUNKED, ids=lambda v: str(v) if v else "")
-def test_the_bias_in_chunks_of_queries_is_the_whole_bias(name, options, dtype):
+def test_the_bias_in_chunks_of_queries_is_the_whole_bias(name, options, dtype, monkeypatch):
     layer, layout = _layer(name, options, dtype)
     x = torch.randn(BATCH, TOKENS, DIM, dtype=dtype)
     chunks = []
@@ -70,11 +70,8 @@ def test_the_bias_in_chunks_of_queries_is_the_whole_bias(name, options, dtype):
         return original(self, q, k, v, inputs, rows)
 
     whole, whole_grads = _output_and_gradients(layer, layout, x, None)
-    Attention._chunked_bias_attention = counted
-    try:
-        chunked, chunked_grads = _output_and_gradients(layer, layout, x, 50)  # one query per chunk
-    finally:
-        Attention._chunked_bias_attention = original
+    monkeypatch.setattr(Attention, "_chunked_bias_attention", counted)
+    chunked, chunked_grads = _output_and_gradients(layer, layout, x, 50)  # one query per chunk
     assert chunks and len(chunks[0]) == TOKENS  # it did run in chunks (a list per layer call), one query each
     assert len(chunked_grads) == len(whole_grads) > 1
     # float64: summation order only; bf16: the chunk's q/k products and features round alike
