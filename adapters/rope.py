@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
@@ -54,25 +55,34 @@ class RoPEOptions(EncodingOptions):
 
 class RotationTables(NamedTuple):
     """Per-channel tables of a rotation of consecutive pairs, in the dtype of the rotated
-    tensor: (B, 1 or H, N, 2F) each, cos' = (c, c) and sin' = (-s, s) for every pair."""
+    tensor: (B, 1 or H, N, E) each, cos' = (c, c) and sin' = (-s, s) for each of the F
+    rotated pairs, then 1 and 0 for the E - 2F channels that pass unchanged."""
 
     cos: Tensor
     sin: Tensor
 
 
-def rotation_tables(angles: Tensor, dtype: torch.dtype) -> RotationTables:
-    """(B, 1 or H, N, F) angles -> the tables ``rotate`` applies, in ``dtype``."""
-    return pair_tables(angles.cos().to(dtype), angles.sin().to(dtype))
+def rotation_tables(angles: Tensor, dtype: torch.dtype, width: int) -> RotationTables:
+    """(B, 1 or H, N, F) angles -> the tables ``rotate`` applies to ``width`` channels, in ``dtype``."""
+    return pair_tables(angles.cos().to(dtype), angles.sin().to(dtype), width)
 
 
-def pair_tables(cos: Tensor, sin: Tensor) -> RotationTables:
-    """Per-pair cosines and sines (B, 1 or H, N, F) -> per-channel tables (c, c) and (-s, s)."""
-    return RotationTables(cos.repeat_interleave(2, dim=-1), torch.stack([-sin, sin], dim=-1).flatten(-2))
+def pair_tables(cos: Tensor, sin: Tensor, width: int) -> RotationTables:
+    """Per-pair cosines and sines (B, 1 or H, N, F), 2F <= ``width`` -> per-channel tables
+    (c, c) and (-s, s), padded with 1 and 0 to ``width`` channels."""
+    unrotated = width - 2 * cos.shape[-1]
+    if unrotated < 0:
+        raise ValueError(f"{cos.shape[-1]} rotation pairs need at least {2 * cos.shape[-1]} channels, got {width}")
+    cos_table = cos.repeat_interleave(2, dim=-1)
+    sin_table = torch.stack([-sin, sin], dim=-1).flatten(-2)
+    if unrotated:
+        cos_table, sin_table = F.pad(cos_table, (0, unrotated), value=1.0), F.pad(sin_table, (0, unrotated))
+    return RotationTables(cos_table, sin_table)
 
 
 def rotate(t: Tensor, tables: RotationTables) -> Tensor:
-    """Rotate consecutive pairs (t[2i], t[2i+1]) of the first 2F channels of t (B, H, N, E),
-    2F <= E, by the tables' angles; the remaining channels pass unchanged.
+    """Rotate consecutive pairs (t[2i], t[2i+1]) of t (B, H, N, E) by the tables' angles; the
+    channels whose tables hold 1 and 0 pass unchanged (t * 1 + swap(t) * 0 = t exactly).
 
     Written as t * cos' + swap(t) * sin', swap exchanging the two channels of each pair: four
     passes over the (B, H, N, E) tensor (the swap's copy, two products, a sum) where the
@@ -84,23 +94,33 @@ def rotate(t: Tensor, tables: RotationTables) -> Tensor:
     step on an H200: 1.48x nopos's with the pairwise form, 1.22x with this one and the
     tables shared per forward; 1.20x compiled, where the passes fuse, so the rest of the
     gap is not these passes: README, "On a GPU").
+
+    Channels that pass unchanged (E > 2F: 3-D positions, whose E // 6 pairs per axis leave
+    E mod 6 over, and Circulant-STRING's DC and Nyquist rows) ride along in the same passes
+    rather than being sliced off and concatenated back: the concatenation was a copy of q
+    and of k, and it gave them the (B, H, N, E) memory order, so their gradients needed two
+    more copies on the way back to the projection's (B, N, H, E) layout, besides the
+    slices' own backward (per layer, ten passes over a (B, H, N, E) tensor for those).
     """
-    rotated = tables.cos.shape[-1]
-    head = t if rotated == t.shape[-1] else t[..., :rotated]
-    swapped = head.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    out = head * tables.cos + swapped * tables.sin
-    return out if rotated == t.shape[-1] else torch.cat([out, t[..., rotated:]], dim=-1)
+    width = t.shape[-1]
+    if tables.cos.shape[-1] != width:
+        raise ValueError(f"rotation tables of {tables.cos.shape[-1]} channels for a tensor of {width}")
+    if width % 2:  # an odd head: its last channel has no partner to swap with, and never rotates
+        even = RotationTables(tables.cos[..., :-1], tables.sin[..., :-1])
+        return torch.cat([rotate(t[..., :-1], even), t[..., -1:]], dim=-1)
+    swapped = t.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return t * tables.cos + swapped * tables.sin
 
 
 def rotate_pairs(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """``rotate`` by (B, 1 or H, N, F) cosines and sines in t's dtype (one-off rotations)."""
-    return rotate(t, pair_tables(cos, sin))
+    return rotate(t, pair_tables(cos, sin, t.shape[-1]))
 
 
 def rotate_qk(q: Tensor, k: Tensor, q_angles: Tensor, k_angles: Tensor) -> tuple[Tensor, Tensor]:
     """Rotate q and k by their angles; one set of tables serves both in self-attention."""
-    q_tables = rotation_tables(q_angles, q.dtype)
-    k_tables = q_tables if k_angles is q_angles else rotation_tables(k_angles, k.dtype)
+    q_tables = rotation_tables(q_angles, q.dtype, q.shape[-1])
+    k_tables = q_tables if k_angles is q_angles else rotation_tables(k_angles, k.dtype, k.shape[-1])
     return rotate(q, q_tables), rotate(k, k_tables)
 
 
@@ -123,19 +143,22 @@ class RotaryLayer(LayerEncoding):
         self.register_buffer("frequencies", frequencies, persistent=False)
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
-        tables = lambda: self.angle_tables(inputs, q.dtype)  # noqa: E731
-        q_tables, k_tables = shared_per_forward(inputs, ("rope", self, q.dtype), tables)
+        tables = lambda: self.angle_tables(inputs, q.dtype, q.shape[-1])  # noqa: E731
+        q_tables, k_tables = shared_per_forward(inputs, ("rope", self, q.dtype, q.shape[-1]), tables)
         return rotate(q, q_tables), rotate(k, k_tables)
 
-    def angle_tables(self, inputs: AttentionInputs, dtype: torch.dtype) -> tuple[RotationTables, RotationTables]:
+    def angle_tables(
+        self, inputs: AttentionInputs, dtype: torch.dtype, width: int
+    ) -> tuple[RotationTables, RotationTables]:
         """The query's and the key's rotation tables, once per forward for all layers."""
         # Rotating positions measured from the mean key keeps patch-patch scores unchanged
         # (only r_j - r_i matters) and makes the unrotated CLS sit at the centre of the
         # tokens rather than at the absolute origin, so shifting every patch changes nothing.
         query, key = key_centred_layouts(inputs, self.frequencies.dtype)
-        q_tables = rotation_tables(rotation_angles(query, self.frequencies), dtype)
-        k_tables = q_tables if key is query else rotation_tables(rotation_angles(key, self.frequencies), dtype)
-        return q_tables, k_tables
+        q_tables = rotation_tables(rotation_angles(query, self.frequencies), dtype, width)
+        if key is query:
+            return q_tables, q_tables
+        return q_tables, rotation_tables(rotation_angles(key, self.frequencies), dtype, width)
 
 
 @register("rope")
