@@ -23,6 +23,18 @@ Both are thus a basis change B (P or F) followed by a rotation of consecutive pa
 code path serves them: z -> rotate(B z), with the rotation tables built once per call for q
 and k (rope.py's ``rotate``).
 
+Where B is applied: B is position-free, so B q = (B W_q) x + B b_q, and the attention core can
+fold it into the q and k projections once per forward (the paper absorbs P this way at
+inference; the gradients flow through the product in training as well), instead of a
+(d x d) product per token for q and for k with its layout copies and their backward. The
+option ``basis`` chooses: "folded", "per_token" (the reference), or "auto" (default): folded
+on CUDA, per token on CPU. The two differ by rounding only (tests/harness/test_qk_basis.py,
+and the conformance suite for any encoding with a ``qk_basis``), but rounding is enough to
+change float32 training to the bit: the stored records of both STRINGs were trained per
+token on CPU, and "auto" keeps that arithmetic there. Bytes written per image by a bf16
+ViT-B/16 training step (CPU, ``OperatorCounter``, slope between batch 4 and 16): per token
+string-cayley 230 MiB, string-circulant 244; folded 206 for both, rope-mixed's figure.
+
 Both q/k transforms keep the head width and build no N x N tensor (fused-kernel friendly).
 Tokens without a position get R(0) = I, after the position-free basis change (P or F).
 As in rope_mixed, positions are first taken relative to the mean positioned key (exact for
@@ -34,6 +46,8 @@ CLS.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from pydantic import Field
 from torch import Tensor
@@ -42,31 +56,47 @@ from .base import AttentionInputs, EncodingOptions, LayerEncoding, PositionEncod
 from .rope import rotate_qk
 from .rope_mixed import mixed_angles
 
+BasisPlacement = Literal["auto", "folded", "per_token"]
+
 
 class STRINGOptions(EncodingOptions):
     # Frequency ladder base^(-l/levels) of the RoPE that STRING starts from; 100 as rope.py.
     base: float = Field(100.0, gt=0.0)
+    # Where the basis change B is applied (module doc): folded into the q/k projections,
+    # per token, or "auto": folded on CUDA, per token on CPU (the stored records' arithmetic).
+    basis: BasisPlacement = "auto"
 
 
 class STRINGLayer(LayerEncoding):
     """z -> RoPE(r) B z for queries and keys, each with its own layout (they may differ).
 
-    Subclasses give ``generators``: the position-independent parts, computed once per call
-    and shared by q and k: the orthogonal basis B, (H, d, d) per head or (d, d) for all, and
-    (H, P, F) frequency vectors whose angles <θ_f, r> (rope_mixed's ``mixed_angles``) turn
-    the first F pairs of consecutive channels of B z.
+    Subclasses give the position-independent parts, computed once per call and shared by q
+    and k: ``qk_basis``, the orthogonal B, (H, d, d) per head or (d, d) for all, and
+    ``rotation_frequencies``, (H, P, F) frequency vectors whose angles <θ_f, r> (rope_mixed's
+    ``mixed_angles``) turn the first F pairs of consecutive channels of B z.
     """
 
-    def generators(self) -> tuple[Tensor, Tensor]:
+    def __init__(self, basis: BasisPlacement) -> None:
+        super().__init__()
+        self.basis_placement = basis
+
+    def rotation_frequencies(self) -> Tensor:
         raise NotImplementedError
 
+    def fold_qk_basis(self, device: torch.device) -> bool:
+        if self.basis_placement == "auto":
+            return device.type == "cuda"
+        return self.basis_placement == "folded"
+
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
-        basis, frequencies = self.generators()
+        frequencies = self.rotation_frequencies()
+        if not inputs.qk_in_basis:  # else the core folded B into the projections
+            basis = self.qk_basis().to(q.dtype)
+            q, k = in_basis(q, basis), in_basis(k, basis)
         query, key = key_centred_layouts(inputs, frequencies.dtype)
         q_angles = mixed_angles(query, frequencies)
         k_angles = q_angles if key is query else mixed_angles(key, frequencies)
-        basis = basis.to(q.dtype)
-        return rotate_qk(in_basis(q, basis), in_basis(k, basis), q_angles, k_angles)
+        return rotate_qk(q, k, q_angles, k_angles)
 
 
 def in_basis(z: Tensor, basis: Tensor) -> Tensor:

@@ -152,6 +152,10 @@ class AttentionInputs:
     query: PositionLayout
     key: PositionLayout
     causal: bool = False
+    #: True when the attention core has folded the layer's ``LayerEncoding.qk_basis`` into
+    #: the q and k projections: q and k arrive already multiplied by it, and ``transform_qk``
+    #: must not apply it again
+    qk_in_basis: bool = False
 
     def for_queries(self, rows: Tensor | slice) -> AttentionInputs:
         """These inputs for the queries ``rows`` only (every key stays; in self-attention the
@@ -248,6 +252,21 @@ class LayerEncoding(nn.Module):
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         """q: (B, H, Nq, E), k: (B, H, Nk, E) -> transformed (may widen E, equally for q and k)."""
         return q, k
+
+    def qk_basis(self) -> Tensor | None:
+        """A position-free linear map M that ``transform_qk`` applies first to every head's q
+        and k (z -> M z; (H, E, E) per head or (E, E) for all), or None (default): STRING's
+        orthogonal P or Fourier basis. The attention core may fold M into the q and k
+        projections (W -> M W, b -> M b: one (E x E) x (E x D) product per head and forward,
+        where applying M costs a matrix product and its copies per token, for q and for k) and
+        then passes ``inputs.qk_in_basis``, on which ``transform_qk`` must skip M. The two are
+        the same function up to rounding; the conformance suite checks it."""
+        return None
+
+    def fold_qk_basis(self, device: torch.device) -> bool:
+        """Whether the core should fold ``qk_basis`` into the projections for tensors on
+        ``device`` (an encoding option may decide; see STRING's ``basis``)."""
+        return False
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
         """Additive bias (B or 1, H, Nq, Nk) on the *scaled* logits q.k / sqrt(E), as ALiBi and

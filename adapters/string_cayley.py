@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._string import STRINGEncoding, STRINGLayer, STRINGOptions
+from ._string import BasisPlacement, STRINGEncoding, STRINGLayer, STRINGOptions
 from .base import LayerEncoding
 from .registry import register
 from .rope_mixed import mixed_frequencies, rope_levels
@@ -41,14 +41,19 @@ def cayley(upper: Tensor, dim: int) -> Tensor:
 
 
 class CayleySTRINGLayer(STRINGLayer):
-    def __init__(self, num_heads: int, head_dim: int, frequencies: Tensor, learn_frequencies: bool) -> None:
-        super().__init__()
+    def __init__(
+        self, num_heads: int, head_dim: int, frequencies: Tensor, learn_frequencies: bool, basis: BasisPlacement
+    ) -> None:
+        super().__init__(basis)
         self.head_dim = head_dim
         self.s_upper = nn.Parameter(torch.zeros(num_heads, head_dim * (head_dim - 1) // 2))
         self.frequencies = nn.Parameter(frequencies, requires_grad=learn_frequencies)
 
-    def generators(self) -> tuple[Tensor, Tensor]:
-        return cayley(self.s_upper, self.head_dim), self.frequencies  # P z first, then the rotation
+    def qk_basis(self) -> Tensor:
+        return cayley(self.s_upper, self.head_dim)  # P z first, then the rotation
+
+    def rotation_frequencies(self) -> Tensor:
+        return self.frequencies
 
 
 @register("string-cayley")
@@ -62,4 +67,5 @@ class CayleySTRING(STRINGEncoding):
     def make_layer(self, layer_index: int) -> LayerEncoding:
         p = self.geometry.pos_dim
         freqs = mixed_frequencies(self.num_heads, p, self.levels, self.options.base, rotate=False)
-        return CayleySTRINGLayer(self.num_heads, self.head_dim, freqs, self.options.learn_frequencies)
+        options = self.options
+        return CayleySTRINGLayer(self.num_heads, self.head_dim, freqs, options.learn_frequencies, options.basis)

@@ -41,7 +41,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from ._string import STRINGEncoding, STRINGLayer, STRINGOptions
+from ._string import BasisPlacement, STRINGEncoding, STRINGLayer, STRINGOptions
 from .base import LayerEncoding
 from .registry import register
 
@@ -103,8 +103,10 @@ def initial_phases(num_heads: int, pos_dim: int, blocks: int, n_free: int, base:
 
 
 class CirculantSTRINGLayer(STRINGLayer):
-    def __init__(self, num_heads: int, head_dim: int, pos_dim: int, block: int, base: float) -> None:
-        super().__init__()
+    def __init__(
+        self, num_heads: int, head_dim: int, pos_dim: int, block: int, base: float, basis: BasisPlacement
+    ) -> None:
+        super().__init__(basis)
         self.block = block
         self.blocks = head_dim // block
         n_free = (block - 1) // 2
@@ -112,9 +114,12 @@ class CirculantSTRINGLayer(STRINGLayer):
         self.u_free = nn.Parameter(free_entries_for(phi, block))  # (H, P, blocks, n_free)
         self.register_buffer("basis", fourier_basis(block, self.blocks), persistent=False)
 
-    def generators(self) -> tuple[Tensor, Tensor]:
+    def qk_basis(self) -> Tensor:
+        return self.basis
+
+    def rotation_frequencies(self) -> Tensor:
         rotating = phases(self.u_free, self.block)[..., 1 : self.u_free.shape[-1] + 1]  # (H, P, blocks, n_free)
-        return self.basis, rotating.flatten(-2)
+        return rotating.flatten(-2)
 
 
 @register("string-circulant")
@@ -129,4 +134,5 @@ class CirculantSTRING(STRINGEncoding):
         self.block = block
 
     def make_layer(self, layer_index: int) -> LayerEncoding:
-        return CirculantSTRINGLayer(self.num_heads, self.head_dim, self.geometry.pos_dim, self.block, self.options.base)
+        options, pos_dim = self.options, self.geometry.pos_dim
+        return CirculantSTRINGLayer(self.num_heads, self.head_dim, pos_dim, self.block, options.base, options.basis)

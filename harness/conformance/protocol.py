@@ -33,12 +33,18 @@ Outputs are compared with max |a - b| <= ``PROTOCOL_TOL`` (1e-4) * max(1, max |b
   the depth-2 encoder in eval mode with the bias built one query at a time
   (``dense_bias_chunk_elements(1)``) equal those with the whole bias. Encodings without a
   dense bias, or that build it for all queries at once, pass as n/a.
+* qk basis (encodings whose q/k transform starts with a position-free linear map,
+  ``LayerEncoding.qk_basis``): with padding as above, the outputs of the depth-2 encoder in
+  eval mode with the map folded into every layer's q/k projections equal those with it
+  applied to every token's q and k (each forced, whatever the encoding's own choice).
+  Encodings without such a map pass as n/a.
 
 A check that raises fails with the exception as its message.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -271,6 +277,28 @@ def check_query_chunks(model: TransformerEncoder, layout: PositionLayout, gen: t
     return None, f"outputs unchanged with the bias built one query at a time ({spy.call_count} layers)"
 
 
+def check_qk_basis(model: TransformerEncoder, layout: PositionLayout, gen: torch.Generator) -> Outcome:
+    x = torch.randn(BATCH, layout.coords.shape[1], DIM, generator=gen)
+    padded, xp = with_padding(layout, x, PAD_TOKENS, gen)
+    real = x.shape[1]
+    layers = [block.attn.encoding for block in model.blocks if block.attn.encoding is not None]
+    with torch.no_grad():
+        layers = [layer for layer in layers if layer.qk_basis() is not None]
+    if not layers:
+        return None, "n/a, no position-free basis change of q and k (qk_basis)"
+
+    def outputs(fold: bool) -> Tensor:
+        with contextlib.ExitStack() as stack, torch.no_grad():
+            for layer in layers:
+                stack.enter_context(mock.patch.object(layer, "fold_qk_basis", return_value=fold))
+            return model(xp, padded)[:, :real]
+
+    ok, diff = _close(outputs(True), outputs(False))
+    if not ok:
+        return f"folding qk_basis into the q/k projections changes the outputs by {diff:.3g}", ""
+    return None, f"outputs unchanged with qk_basis folded into the projections ({len(layers)} layers)"
+
+
 def run_checks(model: TransformerEncoder, probe: Probe, translation_invariant: bool) -> list[CheckResult]:
     """Every protocol check on one geometry, in a fixed order that shares one generator.
 
@@ -287,6 +315,7 @@ def run_checks(model: TransformerEncoder, probe: Probe, translation_invariant: b
         ("extrapolation", partial(check_extrapolation, model, probe, gen)),
         ("cross-attention", partial(check_cross, model, probe, gen)),
         ("query chunks", partial(check_query_chunks, model, layout, gen)),
+        ("qk basis", partial(check_qk_basis, model, layout, gen)),
     ]
     results = []
     for name, check in checks:

@@ -222,3 +222,34 @@ def test_suite_catches_false_context_and_fused_claims() -> None:
     assert not report.check_failures(), report.format()  # the protocol itself is respected
     assert len(report.principle_failures()) == 2
     assert math.isfinite(report.principles[Principle.TRANSLATION_INVARIANCE].statistic)
+
+
+class BasisTwice(LayerEncoding):
+    """A fixed linear map of q and k that ignores ``inputs.qk_in_basis``: when the core folds it
+    into the projections, it is applied twice. (Not orthogonal: an orthogonal map applied to
+    both q and k cancels in their dot product, once or twice.)"""
+
+    def __init__(self, head_dim: int) -> None:
+        super().__init__()
+        self.register_buffer("basis", torch.eye(head_dim) + torch.randn(head_dim, head_dim) / head_dim**0.5)
+
+    def qk_basis(self) -> Tensor:
+        return self.basis
+
+    def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        basis = self.basis.to(q.dtype)
+        return q @ basis.T, k @ basis.T  # should skip this when inputs.qk_in_basis
+
+
+class FoldedTwice(PositionEncoding):
+    name = "broken-basis"
+
+    def make_layer(self, layer_index: int) -> LayerEncoding:
+        return BasisTwice(self.head_dim)
+
+
+def test_suite_catches_a_basis_applied_twice_when_folded() -> None:
+    report = measure(FoldedTwice)
+    failing = {c.geometry for c in report.checks if c.name == "qk basis" and not c.passed}
+    assert failing == {probe.key for probe in PROBES}, report.format()
+    assert all("folding qk_basis" in c.message for c in report.checks if c.name == "qk basis")

@@ -42,7 +42,7 @@ def test_cayley_is_special_orthogonal(dim, seed):
 
 def test_layer_p_is_orthogonal_and_matches_the_cayley_formula():
     attn = trained_like(2)
-    p, _ = attn.encoding.generators()
+    p = attn.encoding.qk_basis()
     d = attn.head_dim
     rows, cols = torch.triu_indices(d, d, offset=1)
     s = torch.zeros(LAYER_HEADS, d, d, dtype=torch.float64)
@@ -79,7 +79,7 @@ def test_score_is_pq_rope_of_offset_pk():
     k = torch.randn(1, LAYER_HEADS, 6, attn.head_dim, dtype=torch.float64)
     q_enc, k_enc = attn.encoding.transform_qk(q, k, AttentionInputs(x_q=x, x_k=x, query=layout, key=layout))
     scores = q_enc @ k_enc.transpose(-1, -2)
-    p, freqs = attn.encoding.generators()
+    p, freqs = attn.encoding.qk_basis(), attn.encoding.rotation_frequencies()
     pq, pk = torch.einsum("hed,bhnd->bhne", p, q), torch.einsum("hed,bhnd->bhne", p, k)
     i, j = 1, 4
     offset = PositionLayout(

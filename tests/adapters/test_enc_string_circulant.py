@@ -64,7 +64,7 @@ def test_fourier_form_is_the_matrix_exponential(pos_dim, block):
     torch.testing.assert_close(gens.transpose(-1, -2), -gens)
     if pos_dim > 1:
         torch.testing.assert_close(gens[:, 0] @ gens[:, 1], gens[:, 1] @ gens[:, 0])
-    basis, phi = layer.generators()
+    basis, phi = layer.qk_basis(), layer.rotation_frequencies()
     eye = torch.eye(head_dim, dtype=torch.float64)
     torch.testing.assert_close(basis @ basis.T, eye)
     # Encode the unit vectors e_1..e_d, all at position r: the outputs are T(r)'s columns.
