@@ -55,25 +55,42 @@ class OperatorCounter(TorchDispatchMode):
         return sum(self.written.values())
 
 
-def operators_per_pass(model: torch.nn.Module, inputs: torch.Tensor) -> tuple[int, int]:
+def operators_per_pass(
+    model: torch.nn.Module, inputs: torch.Tensor, autocast_dtype: torch.dtype | None = None
+) -> tuple[int, int]:
     """Computing operators of one inference forward and of one training forward + backward
-    (loss on the summed outputs; no optimiser step) of ``model`` on ``inputs``."""
-    with torch.inference_mode(), OperatorCounter() as forward:
+    (loss on the summed outputs; no optimiser step) of ``model`` on ``inputs``, the forwards
+    under autocast to ``autocast_dtype`` (None: none)."""
+    with torch.inference_mode(), OperatorCounter() as forward, _autocast(inputs, autocast_dtype):
         model.eval()(inputs)
-    return forward.total, _counted_training_step(model, inputs).total
+    return forward.total, _counted_training_step(model, inputs, autocast_dtype).total
 
 
-def bytes_written_per_step(model: torch.nn.Module, inputs: torch.Tensor) -> int:
+def bytes_written_per_step(
+    model: torch.nn.Module, inputs: torch.Tensor, autocast_dtype: torch.dtype | None = None
+) -> int:
     """Bytes the computing operators of one training forward + backward of ``model`` on
-    ``inputs`` write (loss on the summed outputs; no optimiser step)."""
-    return _counted_training_step(model, inputs).total_written
+    ``inputs`` write (loss on the summed outputs; no optimiser step), the forward under
+    autocast to ``autocast_dtype`` (None: none)."""
+    return _counted_training_step(model, inputs, autocast_dtype).total_written
 
 
-def _counted_training_step(model: torch.nn.Module, inputs: torch.Tensor) -> OperatorCounter:
+def _autocast(inputs: torch.Tensor, dtype: torch.dtype | None):
+    return torch.autocast(inputs.device.type, dtype=dtype, enabled=dtype is not None)
+
+
+def _counted_training_step(
+    model: torch.nn.Module, inputs: torch.Tensor, autocast_dtype: torch.dtype | None
+) -> OperatorCounter:
     """One training forward + backward (loss on the summed outputs) under the counter; the
-    gradients are dropped afterwards."""
+    gradients are dropped afterwards. The backward runs outside autocast, as a mixed-precision
+    trainer runs it (Lightning's bf16-mixed): inside, autocast would also cast the backward's
+    own float32 products (a weight computed in float32 in the forward, as STRING's folded
+    basis is) to 16 bits, operators and bytes a real step does not have."""
     model.train()
     with OperatorCounter() as step:
-        model(inputs).float().sum().backward()
+        with _autocast(inputs, autocast_dtype):
+            loss = model(inputs).float().sum()
+        loss.backward()
     model.zero_grad(set_to_none=True)
     return step

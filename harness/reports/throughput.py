@@ -61,17 +61,22 @@ def _widened_flops(extra: int, options: dict, pairs: int, bf16: bool) -> float:
     return pairs * 2.0 * _widened_channels(extra, int(options.get("pad_to", 8)), split)
 
 
-def encoding_flops(method: str, config: ModelConfig, tokens: int, pos_dim: int = 2, bf16: bool = True) -> float | None:
-    """Forward FLOPs per image that ``method`` adds to a ViT (``vit_forward_flops``), by the
-    encoding's action point; None for an encoding the model does not know.
+def encoding_flops(
+    method: str, config: ModelConfig, tokens: int, pos_dim: int = 2, bf16: bool = True, device: str = "cuda"
+) -> float | None:
+    """Forward FLOPs per image that ``method`` adds to a ViT (``vit_forward_flops``) on
+    ``device``, by the encoding's action point; None for an encoding the model does not know.
 
     * embed (sincos, abspos, cape): one add per token channel, N D (plus CAPE/sincos
       features, a few per channel): 4 N D.
     * rotation of q and k (rope, rope-mixed, STRING) per layer: 3 per q/k channel (pairs:
       4 multiplies, 2 adds) on 2 N D channels, plus angles and cos/sin, ~ 2 N D: 8 N D.
-      Both STRINGs add a basis change on q and k, a (E x E) product per token and head:
-      4 N D E (Cayley's learned P; Circulant's fixed real Fourier basis, dense, whose
-      block-diagonal zeros the matrix product multiplies too).
+      Both STRINGs add a basis change on q and k. Applied per token (``basis: per_token``,
+      and ``auto`` off CUDA) it is an (E x E) product per token and head: 4 N D E (Cayley's
+      learned P; Circulant's fixed real Fourier basis, dense, whose block-diagonal zeros
+      the matrix product multiplies too). Folded into the projections (``folded``, and
+      ``auto`` on CUDA) it is 4 H E^2 D per layer and forward, shared by the batch: left
+      out (at batch 128 under 0.1 % of a layer's FLOPs).
     * bias per layer, per head and (query, key) pair: ALiBi 3P + 3 (differences, squares,
       sqrt, slope), relpos 4P + 2 (round, clip, index), LookHere 3P + 8 (distance and the
       field-of-view test), PaPE explicit 5m + 2 (Eq. 9 with direct differences) plus its
@@ -104,7 +109,9 @@ def encoding_flops(method: str, config: ModelConfig, tokens: int, pos_dim: int =
     if parsed.name in ("rope", "rope-mixed"):
         return layers * 8.0 * n * d
     if parsed.name in ("string-cayley", "string-circulant"):
-        return layers * (8.0 * n * d + 4.0 * n * d * e)
+        placement = options.get("basis", "auto")
+        folded = placement == "folded" or (placement == "auto" and device.startswith("cuda"))
+        return layers * 8.0 * n * d + (0.0 if folded else layers * 4.0 * n * d * e)
     if parsed.name == "alibi":
         return pairs * (3.0 * p + 3)
     if parsed.name == "relpos":
@@ -129,12 +136,14 @@ def encoding_flops(method: str, config: ModelConfig, tokens: int, pos_dim: int =
     return None
 
 
-def flop_bound(method: str, config: ModelConfig, image_size: int, bf16: bool = True) -> float | None:
-    """The FLOP model's time ratio of ``method`` to nopos on a ViT: the best it can do."""
+def flop_bound(
+    method: str, config: ModelConfig, image_size: int, bf16: bool = True, device: str = "cuda"
+) -> float | None:
+    """The FLOP model's time ratio of ``method`` to nopos on a ViT on ``device``: the best it can do."""
     side = image_size // config.patch_size
     tokens = side * side + 1
     base = vit_forward_flops(config, tokens, 3 * config.patch_size**2)
-    extra = encoding_flops(method, config, tokens, 2, bf16)
+    extra = encoding_flops(method, config, tokens, 2, bf16, device)
     return None if extra is None else (base + extra) / base
 
 
@@ -299,7 +308,7 @@ def throughput_table(spec: BenchSpec, on_row: Callable[[dict], None] | None = No
     built = [not str(kernel).startswith(("error:", "OOM")) for kernel in table["kernel"]]
     bf16 = spec.device.startswith("cuda")
     bounds = [
-        flop_bound(m, config, size, bf16) if ok and m != TIMM_ROW else None
+        flop_bound(m, config, size, bf16, spec.device) if ok and m != TIMM_ROW else None
         for m, ok in zip(table.index, built, strict=True)
     ]
     table["flop_bound"] = [None if b is None else round(b, 3) for b in bounds]

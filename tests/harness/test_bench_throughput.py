@@ -86,6 +86,15 @@ def test_flop_model_by_action_point():
     assert 1.1 < flop_bound("pape[low_precision=round]", VIT_B, 224) < flop_bound("pape", VIT_B, 224) < 1.3
     for method in ("rope", "rope-mixed", "alibi", "sincos", "relpos"):
         assert 1.0 < flop_bound(method, VIT_B, 224) < 1.06, method
+    # STRING's basis change: per token 4 N D E per layer; folded into the projections (auto on
+    # CUDA) only the rotation, rope-mixed's
+    for string in ("string-cayley", "string-circulant"):
+        rotation = encoding_flops("rope-mixed", VIT_B, tokens)
+        per_token = rotation + 12 * 4 * tokens * 768 * 64
+        assert encoding_flops(f"{string}[basis=per_token]", VIT_B, tokens) == per_token
+        assert encoding_flops(string, VIT_B, tokens, device="cpu") == per_token
+        assert encoding_flops(string, VIT_B, tokens) == rotation  # auto on CUDA
+        assert encoding_flops(f"{string}[basis=folded]", VIT_B, tokens, device="cpu") == rotation
 
 
 def test_bench_command_prints_the_throughput_table_and_compiles_on_request(capsys, monkeypatch):
