@@ -5,6 +5,11 @@ q/k transforms run before SDPA, a bias (if any) is added to the logits. The logi
 is always 1/sqrt(head_dim) of the *unwidened* head, so an encoding that widens q/k
 (PaPE's efficient form) reproduces its bias form exactly.
 
+An encoding whose q/k transform starts with a position-free linear map (``qk_basis``:
+STRING's P) may ask the core to fold that map into the q and k projections
+(``fold_qk_basis``): the core then projects with M W and M b, computed once per forward,
+and tells the encoding through ``AttentionInputs.qk_in_basis`` not to apply M again.
+
 An encoding may also split the queries into groups (``query_groups``, PaPE's
 ``frame_tile``): each group's queries are then transformed with every key and attended in
 their own SDPA call, and the outputs are put back in query order.

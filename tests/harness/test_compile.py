@@ -80,7 +80,14 @@ def test_compiled_rope_computes_its_rotation_tables_once_for_all_layers():
 
 
 #: every registered encoding, plus the option variants that take other code paths
-COMPILED_SPECS = [*available(), "pape[form=explicit]", "pape[low_precision=round]", "wepe[mode=lut]"]
+COMPILED_SPECS = [
+    *available(),
+    "pape[form=explicit]",
+    "pape[low_precision=round]",
+    "wepe[mode=lut]",
+    "string-cayley[basis=folded]",  # CUDA's default: the basis folded into the q/k projections
+    "string-circulant[basis=folded]",
+]
 
 
 def _training_step(model: ViT, images: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
@@ -161,7 +168,17 @@ def test_positional_bias_form_trains_compiled_in_one_graph_in_bf16(name, monkeyp
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize(
-    "method", ["rope", "alibi", "relpos", "pape", "sape2", "pape[low_precision=bias]", "pape-ri[low_precision=bias]"]
+    "method",
+    [
+        "rope",
+        "alibi",
+        "relpos",
+        "pape",
+        "sape2",
+        "pape[low_precision=bias]",
+        "pape-ri[low_precision=bias]",
+        "string-cayley",  # its basis folded into the projections (auto on CUDA)
+    ],
 )
 def test_inductor_compiled_training_step_on_cuda(method):
     """CUDA: the inductor-compiled model (Flex kernels for the bias encodings, forced: at this
