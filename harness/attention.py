@@ -305,33 +305,33 @@ class Attention(nn.Module):
         if self.cross:
             if context is None or key is None:
                 raise ValueError("cross-attention needs context tokens and their key layout")
-            q = self._heads(self._project_in_basis(self.q, x, basis, parts=1))
-            k, v = (self._heads(t) for t in self._project_in_basis(self.kv, context, basis, parts=2).chunk(2, dim=-1))
+            q = self._heads(self._project_in_basis(self.q, x, basis, "q"))
+            k, v = (self._heads(t) for t in self._project_in_basis(self.kv, context, basis, "kv").chunk(2, dim=-1))
         else:
             context, key = x, query
-            q, k, v = (self._heads(t) for t in self._project_in_basis(self.qkv, x, basis, parts=3).chunk(3, dim=-1))
+            q, k, v = (self._heads(t) for t in self._project_in_basis(self.qkv, x, basis, "qkv").chunk(3, dim=-1))
         inputs = AttentionInputs(x_q=x, x_k=context, query=query, key=key, causal=causal, qk_in_basis=basis is not None)
         return q, k, v, inputs
 
-    def _project_in_basis(self, linear: nn.Linear, x: Tensor, basis: Tensor | None, parts: int) -> Tensor:
-        """``linear(x)``, whose output is ``parts`` blocks of heads (q | k | v, q, or k | v), with
-        the encoding's ``qk_basis`` M (None: none) folded into the weight and bias rows of the
-        q and k heads: those come out as M times ``linear(x)``'s, v's as they are. The fold is
-        one batched product of every head's (E x E) map with its (E x D) rows (the identity for
-        v's, which is exact), in the weights' dtype even under autocast, so the folded weights
-        are rounded to 16 bits once, as plain weights are; it replaces an (E x E) product per
-        token of q and of k."""
+    def _project_in_basis(self, linear: nn.Linear, x: Tensor, basis: Tensor | None, blocks: str) -> Tensor:
+        """``linear(x)``, whose output is the blocks of heads ``blocks`` names ("qkv", "q" or
+        "kv"), with the encoding's ``qk_basis`` M (None: none) folded into the weight and bias
+        rows of the q and k heads: those come out as M times ``linear(x)``'s, v's as they are.
+        The fold is one batched product of every head's (E x E) map with its (E x D) rows (the
+        identity for v's, which is exact), in the weights' dtype even under autocast, so the
+        folded weights are rounded to 16 bits once, as plain weights are; it replaces an
+        (E x E) product per token of q and of k."""
         if basis is None:
             return linear(x)
-        eye = torch.eye(self.head_dim, dtype=linear.weight.dtype, device=x.device)
         weight, bias = linear.weight, linear.bias
+        heads = (len(blocks), self.num_heads, self.head_dim)
         with torch.autocast(weight.device.type, enabled=False):
             m = basis.to(weight.dtype).expand(self.num_heads, -1, -1)
-            v = eye.expand(self.num_heads, -1, -1)
-            maps = torch.stack([m, m, v] if parts == 3 else [m] if parts == 1 else [m, v])  # (parts, H, E, E)
-            weight = (maps @ weight.unflatten(0, (parts, self.num_heads, self.head_dim))).flatten(0, 2)
+            identity = torch.eye(self.head_dim, dtype=weight.dtype, device=weight.device).expand_as(m)
+            maps = torch.stack([identity if block == "v" else m for block in blocks])  # (blocks, H, E, E)
+            weight = (maps @ weight.unflatten(0, heads)).flatten(0, 2)
             if bias is not None:
-                bias = (maps @ bias.unflatten(0, (parts, self.num_heads, self.head_dim, 1))).flatten()
+                bias = (maps @ bias.unflatten(0, (*heads, 1))).flatten()
         return F.linear(x, weight, bias)
 
     def _bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
