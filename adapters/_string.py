@@ -59,6 +59,12 @@ from .rope_mixed import mixed_angles
 BasisPlacement = Literal["auto", "folded", "per_token"]
 
 
+def basis_folded(placement: str, device_type: str) -> bool:
+    """Whether the ``basis`` option ``placement`` folds B into the projections on a
+    ``device_type`` device ("auto": on CUDA only); the FLOP model asks the same."""
+    return placement == "folded" or (placement == "auto" and device_type == "cuda")
+
+
 class STRINGOptions(EncodingOptions):
     # Frequency ladder base^(-l/levels) of the RoPE that STRING starts from; 100 as rope.py.
     base: float = Field(100.0, gt=0.0)
@@ -84,9 +90,7 @@ class STRINGLayer(LayerEncoding):
         raise NotImplementedError
 
     def fold_qk_basis(self, device: torch.device) -> bool:
-        if self.basis_placement == "auto":
-            return device.type == "cuda"
-        return self.basis_placement == "folded"
+        return basis_folded(self.basis_placement, device.type)
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         frequencies = self.rotation_frequencies()

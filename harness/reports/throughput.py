@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from pe_bench.adapters._string import basis_folded
 from pe_bench.harness.config import ModelConfig
 from pe_bench.harness.reports.bench import (
     MODELS,
@@ -109,8 +110,7 @@ def encoding_flops(
     if parsed.name in ("rope", "rope-mixed"):
         return layers * 8.0 * n * d
     if parsed.name in ("string-cayley", "string-circulant"):
-        placement = options.get("basis", "auto")
-        folded = placement == "folded" or (placement == "auto" and device.startswith("cuda"))
+        folded = basis_folded(options.get("basis", "auto"), torch.device(device).type)
         return layers * 8.0 * n * d + (0.0 if folded else layers * 4.0 * n * d * e)
     if parsed.name == "alibi":
         return pairs * (3.0 * p + 3)
