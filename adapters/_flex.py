@@ -58,6 +58,23 @@ def make_block_mask(mask_mod: MaskMod, batch: int | None, n_q: int, n_k: int, de
     return create_block_mask(mask_mod, batch, None, n_q, n_k, device=device)
 
 
+def indexed_once(t: Tensor) -> list[Tensor]:
+    """The columns t[..., c] of a tensor a score_mod reads, each a tensor of its own (a copy),
+    for a score_mod that indexes each of them once.
+
+    Inductor's Flex backward (what every CUDA training step compiles) refuses a tensor that
+    requires gradients and is indexed more than once in a score_mod ("Using multiple indexing
+    operations on the same tensor that requires gradients ... not currently supported",
+    torch 2.11 on an H100): each index becomes its own scatter of the gradient, and it does
+    not add two scatters into one buffer. PaPE's explicit form read s_k[n, h, j, c] for every
+    c, and SaPE² each vector at i and at j, so both failed to train on CUDA. A score_mod that
+    needs a tensor at i and at j takes two calls of this (two sets of copies). Checked on the
+    CPU by tests/harness/test_flex_attention.py with Inductor's own validation of the joint
+    graph.
+    """
+    return [t[..., c].clone(memory_format=torch.contiguous_format) for c in range(t.shape[-1])]
+
+
 #: the narrowest head the compiled CUDA kernels take, for q/k and for v ("NYI: embedding
 #: dimension of the query, key, and value must be at least 16", torch 2.11 on an H200).
 CUDA_MIN_HEAD_DIM = 16

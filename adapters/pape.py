@@ -80,6 +80,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
+from ._flex import indexed_once
 from .base import (
     AttentionInputs,
     EncodingOptions,
@@ -376,18 +377,23 @@ class ParabolicLayer(LayerEncoding):
         # Indexed per sample inside the kernel: positions shared by the batch (one sample,
         # first_sample_if_shared) are given every sample's row again, stored (_flex.py's
         # run_flex stores expanded kernel inputs too, a suspected Triton failure otherwise).
-        s_q, s_k = (s.expand(q.shape[0], -1, -1, -1).contiguous() for s in self._frame(inputs))
+        s_q, s_k = (s.expand(q.shape[0], -1, -1, -1) for s in self._frame(inputs))
         a, b = self._coefficients_for_queries(inputs, s_q.dtype)
         has_k, scale, zero = inputs.key.has_pos, 1.0 / math.sqrt(q.shape[-1]), s_q.new_zeros(())
+        # One tensor per column, each indexed once (_flex.indexed_once: Inductor's backward
+        # takes nothing else); s_k may be s_q itself, so its columns are copies of their own.
+        s_q_cols, s_k_cols = indexed_once(s_q), indexed_once(s_k)
+        a_cols = None if a is None else indexed_once(a.expand(q.shape[0], -1, -1, -1))
+        b_cols = None if b is None else indexed_once(b.expand(q.shape[0], -1, -1, -1))
 
         def parabola(score: Tensor, n: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
             # The m terms of Eq. 9 unrolled: each reads three scalars, nothing is N x N.
-            delta = [s_k[n, h, j, c] - s_q[n, h, i, c] for c in range(self.m)]
+            delta = [s_k_c[n, h, j] - s_q_c[n, h, i] for s_q_c, s_k_c in zip(s_q_cols, s_k_cols, strict=True)]
             total = zero
-            if a is not None:
-                total = total + sum(a[n, h, i, c] * d.square() for c, d in enumerate(delta))
-            if b is not None:
-                total = total + sum(b[n, h, i, c] * d for c, d in enumerate(delta))
+            if a_cols is not None:
+                total = total + sum(a_c[n, h, i] * d.square() for a_c, d in zip(a_cols, delta, strict=True))
+            if b_cols is not None:
+                total = total + sum(b_c[n, h, i] * d for b_c, d in zip(b_cols, delta, strict=True))
             return score + torch.where(has_k[n, j], total * scale, 0.0).to(score.dtype)
 
         return parabola

@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from ._flex import run_flex
+from ._flex import indexed_once, run_flex
 from .abspos import OptionalAbsPosEncoding
 from .base import (
     AttentionInputs,
@@ -217,12 +217,17 @@ def vector_distance_score_mod(vectors: list[Tensor], has_pos: Tensor, scale: flo
     """score + scale * sum over ``vectors`` of ||v[i] - v[j]||_2 for two positioned tokens.
 
     vectors: (B, H, N, L_v) each; the L_v squared differences are unrolled in the kernel.
+    Each column is read at the query and at the key, from two copies of it, so that every
+    tensor the score_mod indexes is indexed once (_flex.indexed_once: Inductor's backward
+    takes nothing else).
     """
+    at_query = [indexed_once(vec) for vec in vectors]
+    at_key = [indexed_once(vec) for vec in vectors]
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         total = 0.0
-        for vec in vectors:
-            squared = sum((vec[b, h, i, c] - vec[b, h, j, c]).square() for c in range(vec.shape[-1]))
+        for query_cols, key_cols in zip(at_query, at_key, strict=True):
+            squared = sum((v_i[b, h, i] - v_j[b, h, j]).square() for v_i, v_j in zip(query_cols, key_cols, strict=True))
             total = total + _safe_sqrt(squared)
         return score + torch.where(has_pos[b, i] & has_pos[b, j], total * scale, 0.0).to(score.dtype)
 

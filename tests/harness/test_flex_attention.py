@@ -187,6 +187,83 @@ def test_compiled_flex_on_cuda_matches_dense_with_gradients(name, options, padde
         torch.testing.assert_close(grads["flex"][key], grads["dense"][key], atol=2e-3, rtol=2e-3)
 
 
+def _joint_graphs(layer: Attention, x: torch.Tensor, layout: PositionLayout, monkeypatch) -> list:
+    """The joint (forward + backward) graphs of the score_mods that one training forward of
+    ``layer`` on Flex builds: what Inductor lowers into the Flex backward on CUDA.
+
+    On CPU eager Flex refuses inputs q, k, v that require gradients, so they are detached
+    here; the tensors a score_mod closes over (the encoding's parameters and what is made
+    from them) keep theirs, and Flex builds the joint graph for exactly those."""
+    import sys
+
+    from pe_bench.adapters import sape2 as sape2_module
+
+    hop = sys.modules["torch._higher_order_ops.flex_attention"]  # the module, not the HOP of its name
+    graphs, make_graphs, run_flex = [], hop.create_fw_bw_graph, attention_module.run_flex
+
+    def spy(*args, **kwargs):
+        made = make_graphs(*args, **kwargs)
+        graphs.append(made[1])
+        return made
+
+    def detached(q, k, v, *args, **kwargs):
+        return run_flex(q.detach(), k.detach(), v.detach(), *args, **kwargs)
+
+    monkeypatch.setattr(hop, "create_fw_bw_graph", spy)
+    # Eager Flex traces itself with Dynamo, which turns shapes seen to change (the tests
+    # before) into symbols, and then fails to trace a joint graph on the CPU; CUDA's Flex is
+    # compiled with static shapes (_flex.py): so is this one, from a clean Dynamo.
+    torch._dynamo.reset()
+    for module in (attention_module, sape2_module):
+        monkeypatch.setattr(module, "run_flex", detached)
+    with attention_kernel("flex"):
+        layer(x, layout)
+    return graphs
+
+
+@pytest.mark.parametrize(("name", "options"), FLEX_ENCODINGS, ids=lambda v: str(v))
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
+def test_score_mods_pass_inductors_backward_check(name, options, padded, monkeypatch):
+    """Inductor's Flex backward (every CUDA training step) refuses a score_mod that indexes a
+    tensor requiring gradients more than once; its check reads the joint graph, which the CPU
+    builds too. PaPE's explicit form and SaPE² failed it on an H100 (11-28) before their
+    columns were split (_flex.indexed_once); this runs Inductor's own check on every Flex form."""
+    from torch._inductor.kernel.flex.flex_attention import validate_joint_graph
+
+    layer = _layer(name, options, torch.float32)
+    x, layout = _inputs(torch.float32, padded)
+    graphs = _joint_graphs(layer, x, layout, monkeypatch)
+    learned = [p for p in layer.encoding.parameters() if p.requires_grad]
+    if not learned:  # nothing the score_mod reads has a gradient: no joint graph is built
+        assert graphs == []
+        return
+    assert graphs, f"{name} learns {len(learned)} tensors, but its Flex form built no joint graph"
+    for graph in graphs:
+        validate_joint_graph(graph.graph)
+
+
+def test_the_backward_check_catches_a_tensor_indexed_twice(monkeypatch):
+    """The check above can fail: a score_mod reading one learned table at i and at j."""
+    from torch._inductor.kernel.flex.flex_attention import validate_joint_graph
+
+    table = torch.nn.Parameter(torch.randn(2, 40))
+
+    class _Twice(LayerEncoding):
+        def bias(self, q, k, inputs):
+            return table[0, : q.shape[-2], None] + table[1, None, : k.shape[-2]]
+
+        def score_mod(self, q, k, inputs):
+            return lambda score, b, h, i, j: score + table[0, i] + table[1, j]
+
+    layer = Attention(DIM, HEADS, _Twice())
+    x, layout = _inputs(torch.float32, padded=False)
+    graphs = _joint_graphs(layer, x, layout, monkeypatch)
+    assert graphs
+    with pytest.raises(NotImplementedError, match="multiple indexing"):
+        for graph in graphs:
+            validate_joint_graph(graph.graph)
+
+
 @pytest.mark.parametrize("return_lse", [False, True])
 def test_heads_padded_for_the_cuda_kernels_give_the_same_attention(return_lse, monkeypatch):
     """CUDA's compiled Flex kernels refuse heads narrower than 16 (measured on an H200): run_flex
