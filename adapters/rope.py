@@ -21,19 +21,25 @@ one set per forward serves every layer, and q and k in self-attention: eager run
 them in the forward's memo (``shared_per_forward``); compiled runs (``trainer.compile``,
 on by default on CUDA) get the same sharing from AOTAutograd's common-subexpression
 elimination (tests/harness/test_compile.py checks this), and inductor fuses the rotation
-of q and of k into the kernels around them. RoPE-Mixed and STRING learn their
+of q and of k into the kernels around them. Eager CUDA runs compile the rotation alone
+(``rotate_both``: one pass per tensor instead of four). RoPE-Mixed and STRING learn their
 frequencies per layer, so only the key-centred coordinates are shared there.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import contextlib
+import functools
+import warnings
+from collections.abc import Iterator
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
+from ._flex import raise_recompile_limit
 from .base import (
     AttentionInputs,
     EncodingOptions,
@@ -92,8 +98,8 @@ def rotate(t: Tensor, tables: RotationTables) -> Tensor:
     results by an ulp and with them every stored rope record), so both forms give the same
     bits in every dtype (tested). Eager GPU runs pay per pass over q and k (RoPE's training
     step on an H200: 1.48x nopos's with the pairwise form, 1.22x with this one and the
-    tables shared per forward; 1.20x compiled, where the passes fuse, so the rest of the
-    gap is not these passes: README, "On a GPU").
+    tables shared per forward), so on CUDA ``rotate_both`` runs these passes as one
+    compiled function.
 
     Channels that pass unchanged (E > 2F: 3-D positions, whose E // 6 pairs per axis leave
     E mod 6 over, and Circulant-STRING's DC and Nyquist rows) ride along in the same passes
@@ -108,8 +114,13 @@ def rotate(t: Tensor, tables: RotationTables) -> Tensor:
     if width % 2:  # an odd head: its last channel has no partner to swap with, and never rotates
         even = RotationTables(tables.cos[..., :-1], tables.sin[..., :-1])
         return torch.cat([rotate(t[..., :-1], even), t[..., -1:]], dim=-1)
+    return _rotate_channels(t, tables.cos, tables.sin)
+
+
+def _rotate_channels(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """t * cos' + swap(t) * sin' for an even width: the arithmetic of ``rotate``."""
     swapped = t.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    return t * tables.cos + swapped * tables.sin
+    return t * cos + swapped * sin
 
 
 def rotate_pairs(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -121,7 +132,93 @@ def rotate_qk(q: Tensor, k: Tensor, q_angles: Tensor, k_angles: Tensor) -> tuple
     """Rotate q and k by their angles; one set of tables serves both in self-attention."""
     q_tables = rotation_tables(q_angles, q.dtype, q.shape[-1])
     k_tables = q_tables if k_angles is q_angles else rotation_tables(k_angles, k.dtype, k.shape[-1])
-    return rotate(q, q_tables), rotate(k, k_tables)
+    return rotate_both(q, k, q_tables, k_tables)
+
+
+RotationKernel = Literal["auto", "fused", "eager"]
+ROTATION_KERNELS: tuple[RotationKernel, ...] = ("auto", "fused", "eager")
+_rotation_kernel: RotationKernel = "auto"
+
+
+@contextlib.contextmanager
+def rotation_kernel(policy: RotationKernel) -> Iterator[None]:
+    """How ``rotate_both`` runs inside the block: "fused" (one compiled kernel, below),
+    "eager" (``rotate``'s four passes per tensor), or "auto": fused on CUDA, eager elsewhere
+    (the CPU's stored records were trained eagerly, and their bits are kept)."""
+    global _rotation_kernel
+    if policy not in ROTATION_KERNELS:
+        raise ValueError(f"rotation_kernel: the policy must be one of {ROTATION_KERNELS}, got {policy!r}")
+    previous, _rotation_kernel = _rotation_kernel, policy
+    try:
+        yield
+    finally:
+        _rotation_kernel = previous
+
+
+def rotate_both(q: Tensor, k: Tensor, q_tables: RotationTables, k_tables: RotationTables) -> tuple[Tensor, Tensor]:
+    """``rotate(q, q_tables), rotate(k, k_tables)``; on CUDA as one compiled function.
+
+    Eager, each rotation is four passes over its tensor (the swap's gather, two products,
+    a sum) and as many in the backward, on q and k that are strided views of the fused qkv
+    projection, which PyTorch's elementwise kernels read unvectorised. Profiled on an H100
+    (11-28, ViT-B/16 at batch 128, bf16, three training steps): 31 ms of CUDA time over
+    nopos's 146 ms, of which 18 ms in the products and 8 ms in the swap; RoPE trained at
+    1.22x nopos. Compiled, Inductor computes each output in one pass that reads t, its swap
+    (an index, not a copy) and the tables, and the backward likewise; where the whole model
+    is compiled (``trainer.compile``) this is already the case and the plain arithmetic is
+    traced instead. Fused results may differ from eager ones in the last bit of 16-bit
+    outputs (one rounding instead of three).
+    """
+    for t, tables in ((q, q_tables), (k, k_tables)):
+        if tables.cos.shape[-1] != t.shape[-1]:
+            raise ValueError(f"rotation tables of {tables.cos.shape[-1]} channels for a tensor of {t.shape[-1]}")
+    if not _fuses(q, k):
+        return rotate(q, q_tables), rotate(k, k_tables)
+    try:
+        return _fused_rotation()(q, k, q_tables.cos, q_tables.sin, k_tables.cos, k_tables.sin)
+    except Exception as error:  # noqa: BLE001 - "auto" falls back, visibly, on any compile failure
+        if _rotation_kernel == "fused":
+            raise
+        warnings.warn(
+            f"the fused rotation did not compile ({type(error).__name__}: {error}); rotations run eagerly"
+            " (rope.rotation_kernel('eager') silences this)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        _fused_rotation_failed.append(error)
+        return rotate(q, q_tables), rotate(k, k_tables)
+
+
+#: the compile error that made "auto" give up the fused rotation in this process (at most one)
+_fused_rotation_failed: list[Exception] = []
+
+
+def _fuses(q: Tensor, k: Tensor) -> bool:
+    if torch.compiler.is_compiling() or q.shape[-1] % 2 or k.shape[-1] % 2:
+        return False  # traced into a compiled model already; odd heads keep rotate's slicing
+    if _rotation_kernel == "auto":
+        return _auto_fuses_on(q.device) and not _fused_rotation_failed
+    return _rotation_kernel == "fused"
+
+
+def _auto_fuses_on(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+def _rotate_two(q: Tensor, k: Tensor, q_cos: Tensor, q_sin: Tensor, k_cos: Tensor, k_sin: Tensor):
+    return _rotate_channels(q, q_cos, q_sin), _rotate_channels(k, k_cos, k_sin)
+
+
+#: compiled variants the fused rotation may hold: one per dtype, layout and grad mode, and
+#: shapes beyond the first become dynamic (Dynamo's default of 8 is soon reached by a grid
+#: that trains in bf16 and evaluates at several resolutions)
+FUSED_ROTATION_RECOMPILE_LIMIT = 64
+
+
+@functools.cache
+def _fused_rotation():
+    raise_recompile_limit(FUSED_ROTATION_RECOMPILE_LIMIT)
+    return torch.compile(_rotate_two, fullgraph=True)
 
 
 def rotation_angles(layout: PositionLayout, frequencies: Tensor) -> Tensor:
@@ -145,7 +242,7 @@ class RotaryLayer(LayerEncoding):
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         tables = lambda: self.angle_tables(inputs, q.dtype, q.shape[-1])  # noqa: E731
         q_tables, k_tables = shared_per_forward(inputs, ("rope", self, q.dtype, q.shape[-1]), tables)
-        return rotate(q, q_tables), rotate(k, k_tables)
+        return rotate_both(q, k, q_tables, k_tables)
 
     def angle_tables(
         self, inputs: AttentionInputs, dtype: torch.dtype, width: int

@@ -204,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
         " elements, else and on CPU SDPA + dense bias), flex or dense",
     )
     bench.add_argument(
+        "--rotation-kernel",
+        default="auto",
+        choices=["auto", "fused", "eager"],
+        help="RoPE, RoPE-Mixed and STRING's rotation of q and k: auto (one compiled function on CUDA, eager"
+        " passes on CPU), fused or eager",
+    )
+    bench.add_argument(
         "--throughput", action=argparse.BooleanOptionalAction, default=None, help="img/s table (default: on CUDA)"
     )
     bench.add_argument("--throughput-batch", type=_ints, default=[1, 128], help="batches of the img/s table")
@@ -510,6 +517,15 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from pe_bench.adapters.rope import rotation_kernel
+
+    if args.rotation_kernel != "auto":
+        print(f"rotation kernel: {args.rotation_kernel}", flush=True)
+    with rotation_kernel(args.rotation_kernel):
+        return _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
     from pe_bench.harness.reports.bench import TABLE4_METHODS, TIMM_ROW, BenchSpec, forward_table, header
     from pe_bench.harness.reports.sweep import SWEEP_METHODS, sweep_markdown, sweep_table
 
