@@ -37,7 +37,10 @@ def cayley(upper: Tensor, dim: int) -> Tensor:
     s[..., rows, cols] = upper
     s = s - s.transpose(-1, -2)
     eye = torch.eye(dim, dtype=upper.dtype, device=upper.device)
-    return torch.linalg.solve(eye + s, eye - s)
+    # I + S is invertible for every antisymmetric S (its eigenvalues are 1 + i lambda), so the
+    # solve's singularity check is skipped: on CUDA, linalg.solve reads that check on the
+    # host, a synchronisation in every layer's forward; solve_ex computes the same bits.
+    return torch.linalg.solve_ex(eye + s, eye - s).result
 
 
 class CayleySTRINGLayer(STRINGLayer):
