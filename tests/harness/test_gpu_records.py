@@ -14,10 +14,11 @@ from pe_bench.harness.reports.bench import MODELS
 from pe_bench.harness.reports.throughput import flop_bound
 
 ROOT = Path(__file__).resolve().parents[2]
-#: each GPU run's folder and the README heading of its section ("### On a GPU: ... (<title>)")
+#: each GPU run's folder and the README heading of its section ("### On a GPU: <this>")
 RUNS = {
-    "gpu-h200-2026-11-26": "(first measurement, 2026-11-26)",
-    "gpu-h200-2026-11-27": "(second measurement, 2026-11-27)",
+    "gpu-h200-2026-11-26": "one NVIDIA H200, torch 2.11.0+cu130 (first measurement, 2026-11-26)",
+    "gpu-h200-2026-11-27": "one NVIDIA H200, torch 2.11.0+cu130 (second measurement, 2026-11-27)",
+    "gpu-h100-2026-11-28": "one NVIDIA H100 80GB HBM3, torch 2.11.0+cu130 (third measurement, 2026-11-28)",
 }
 README_NAMES = {"pape": "pape (m = 50)", "timm": "timm `vit_base_patch16_224`"}
 #: rows measured with a form of the encoding the code has since replaced, with the FLOP-model
@@ -36,7 +37,7 @@ MEASURED_AS = {
 def _section(run: str) -> str:
     """The README's text of ``run``'s "On a GPU" section, up to the next heading."""
     readme = (ROOT / "README.md").read_text()
-    start = readme.index(f"### On a GPU: one NVIDIA H200, torch 2.11.0+cu130 {RUNS[run]}")
+    start = readme.index(f"### On a GPU: {RUNS[run]}")
     end = readme.find("\n#", start + 1)
     return readme[start : end if end > 0 else None]
 
