@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from ._flex import raise_recompile_limit
 from .base import (
@@ -196,6 +197,10 @@ _fused_rotation_failed: list[Exception] = []
 def _fuses(q: Tensor, k: Tensor) -> bool:
     if torch.compiler.is_compiling() or q.shape[-1] % 2 or k.shape[-1] % 2:
         return False  # traced into a compiled model already; odd heads keep rotate's slicing
+    if is_in_torch_dispatch_mode(include_infra_modes=False):
+        # Counting modes (FlopCounterMode, bench's operator and byte counters) see every
+        # operator eagerly: Dynamo skips compiled frames under them, and fullgraph raises
+        return False
     if _rotation_kernel == "auto":
         return _auto_fuses_on(q.device) and not _fused_rotation_failed
     return _rotation_kernel == "fused"

@@ -85,6 +85,18 @@ def test_auto_falls_back_visibly_when_the_fused_rotation_fails(monkeypatch):
         layer(x, layout)  # a forced "fused" raises instead
 
 
+def test_counting_modes_see_the_eager_passes(monkeypatch):
+    """FLOP and operator counters (dispatch modes) cannot see into a compiled function, and
+    Dynamo refuses to run one under them: the rotation runs eagerly there, even forced."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    monkeypatch.setattr(rope, "_fused_rotation", lambda: pytest.fail("fused under a counting mode"))
+    x, layout = _inputs()
+    with rotation_kernel("fused"), FlopCounterMode(display=False) as counter:
+        _layer("rope")(x, layout)
+    assert counter.get_total_flops() > 0
+
+
 def test_an_unknown_rotation_policy_is_named():
     with pytest.raises(ValueError, match="auto.*fused.*eager"), rotation_kernel("triton"):
         pass
