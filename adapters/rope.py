@@ -156,6 +156,10 @@ def rotation_kernel(policy: RotationKernel) -> Iterator[None]:
         _rotation_kernel = previous
 
 
+#: the compile error that made "auto" give up the fused rotation in this process (at most one)
+_fused_rotation_failed: list[Exception] = []
+
+
 def rotate_both(q: Tensor, k: Tensor, q_tables: RotationTables, k_tables: RotationTables) -> tuple[Tensor, Tensor]:
     """``rotate(q, q_tables), rotate(k, k_tables)``; on CUDA as one compiled function.
 
@@ -177,7 +181,10 @@ def rotate_both(q: Tensor, k: Tensor, q_tables: RotationTables, k_tables: Rotati
         return rotate(q, q_tables), rotate(k, k_tables)
     try:
         return _fused_rotation()(q, k, q_tables.cos, q_tables.sin, k_tables.cos, k_tables.sin)
-    except Exception as error:  # noqa: BLE001 - "auto" falls back, visibly, on any compile failure
+    except torch._dynamo.exc.TorchDynamoException as error:
+        # Compilation failed (Dynamo or the backend, e.g. no working Triton): "auto" falls
+        # back, visibly. Errors of running (out of memory, say) are not caught: they would
+        # fail the eager passes too, and a fallback would silently change what a run measures.
         if _rotation_kernel == "fused":
             raise
         warnings.warn(
@@ -188,10 +195,6 @@ def rotate_both(q: Tensor, k: Tensor, q_tables: RotationTables, k_tables: Rotati
         )
         _fused_rotation_failed.append(error)
         return rotate(q, q_tables), rotate(k, k_tables)
-
-
-#: the compile error that made "auto" give up the fused rotation in this process (at most one)
-_fused_rotation_failed: list[Exception] = []
 
 
 def _fuses(q: Tensor, k: Tensor) -> bool:

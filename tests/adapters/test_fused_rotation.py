@@ -69,7 +69,7 @@ def test_auto_stays_eager_on_the_cpu(monkeypatch):
 
 def test_auto_falls_back_visibly_when_the_fused_rotation_fails(monkeypatch):
     def broken(*args):
-        raise RuntimeError("no compiler here")
+        raise torch._dynamo.exc.InternalTorchDynamoError("no compiler here")
 
     monkeypatch.setattr(rope, "_auto_fuses_on", lambda device: True)
     monkeypatch.setattr(rope, "_fused_rotation", lambda: broken)
@@ -83,6 +83,21 @@ def test_auto_falls_back_visibly_when_the_fused_rotation_fails(monkeypatch):
     assert len(rope._fused_rotation_failed) == 1  # later calls go eager without warning again
     with rotation_kernel("fused"), pytest.raises(RuntimeError, match="no compiler here"):
         layer(x, layout)  # a forced "fused" raises instead
+
+
+def test_auto_does_not_hide_errors_of_running(monkeypatch):
+    """Out of memory inside the fused rotation is an error, not a reason to go eager."""
+
+    def out_of_memory(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(rope, "_auto_fuses_on", lambda device: True)
+    monkeypatch.setattr(rope, "_fused_rotation", lambda: out_of_memory)
+    monkeypatch.setattr(rope, "_fused_rotation_failed", [])
+    x, layout = _inputs()
+    with pytest.raises(torch.OutOfMemoryError):
+        _layer("rope")(x, layout)
+    assert rope._fused_rotation_failed == []
 
 
 def test_counting_modes_see_the_eager_passes(monkeypatch):
