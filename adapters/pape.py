@@ -375,8 +375,9 @@ class ParabolicLayer(LayerEncoding):
         if self.options.form != "explicit":
             return None  # the efficient form has no bias: it runs on SDPA's fused kernels
         # Indexed per sample inside the kernel: positions shared by the batch (one sample,
-        # first_sample_if_shared) are given every sample's row again, stored (_flex.py's
-        # run_flex stores expanded kernel inputs too, a suspected Triton failure otherwise).
+        # first_sample_if_shared) are given every sample's row again, stored by the column
+        # copies below (_flex.py's run_flex stores expanded kernel inputs too, a suspected
+        # Triton failure otherwise).
         s_q, s_k = (s.expand(q.shape[0], -1, -1, -1) for s in self._frame(inputs))
         a, b = self._coefficients_for_queries(inputs, s_q.dtype)
         has_k, scale, zero = inputs.key.has_pos, 1.0 / math.sqrt(q.shape[-1]), s_q.new_zeros(())
