@@ -384,8 +384,8 @@ class ParabolicLayer(LayerEncoding):
         # One tensor per column, each indexed once (_flex.indexed_once: Inductor's backward
         # takes nothing else); s_k may be s_q itself, so its columns are copies of their own.
         s_q_cols, s_k_cols = indexed_once(s_q), indexed_once(s_k)
-        a_cols = None if a is None else indexed_once(a.expand(q.shape[0], -1, -1, -1))
-        b_cols = None if b is None else indexed_once(b.expand(q.shape[0], -1, -1, -1))
+        a_cols = None if a is None else indexed_once(a)
+        b_cols = None if b is None else indexed_once(b)
 
         def parabola(score: Tensor, n: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
             # The m terms of Eq. 9 unrolled: each reads three scalars, nothing is N x N.

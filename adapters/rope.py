@@ -109,13 +109,18 @@ def rotate(t: Tensor, tables: RotationTables) -> Tensor:
     more copies on the way back to the projection's (B, N, H, E) layout, besides the
     slices' own backward (per layer, ten passes over a (B, H, N, E) tensor for those).
     """
-    width = t.shape[-1]
-    if tables.cos.shape[-1] != width:
-        raise ValueError(f"rotation tables of {tables.cos.shape[-1]} channels for a tensor of {width}")
+    width = _checked_width(t, tables)
     if width % 2:  # an odd head: its last channel has no partner to swap with, and never rotates
         even = RotationTables(tables.cos[..., :-1], tables.sin[..., :-1])
         return torch.cat([rotate(t[..., :-1], even), t[..., -1:]], dim=-1)
     return _rotate_channels(t, tables.cos, tables.sin)
+
+
+def _checked_width(t: Tensor, tables: RotationTables) -> int:
+    """t's channel count, which ``tables`` must match."""
+    if tables.cos.shape[-1] != t.shape[-1]:
+        raise ValueError(f"rotation tables of {tables.cos.shape[-1]} channels for a tensor of {t.shape[-1]}")
+    return t.shape[-1]
 
 
 def _rotate_channels(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -174,10 +179,7 @@ def rotate_both(q: Tensor, k: Tensor, q_tables: RotationTables, k_tables: Rotati
     traced instead. Fused results may differ from eager ones in the last bit of 16-bit
     outputs (one rounding instead of three).
     """
-    for t, tables in ((q, q_tables), (k, k_tables)):
-        if tables.cos.shape[-1] != t.shape[-1]:
-            raise ValueError(f"rotation tables of {tables.cos.shape[-1]} channels for a tensor of {t.shape[-1]}")
-    if not _fuses(q, k):
+    if not _fuses(_checked_width(q, q_tables), _checked_width(k, k_tables), q.device):
         return rotate(q, q_tables), rotate(k, k_tables)
     try:
         return _fused_rotation()(q, k, q_tables.cos, q_tables.sin, k_tables.cos, k_tables.sin)
@@ -197,15 +199,15 @@ def rotate_both(q: Tensor, k: Tensor, q_tables: RotationTables, k_tables: Rotati
         return rotate(q, q_tables), rotate(k, k_tables)
 
 
-def _fuses(q: Tensor, k: Tensor) -> bool:
-    if torch.compiler.is_compiling() or q.shape[-1] % 2 or k.shape[-1] % 2:
+def _fuses(q_width: int, k_width: int, device: torch.device) -> bool:
+    if torch.compiler.is_compiling() or q_width % 2 or k_width % 2:
         return False  # traced into a compiled model already; odd heads keep rotate's slicing
     if is_in_torch_dispatch_mode(include_infra_modes=False):
         # Counting modes (FlopCounterMode, bench's operator and byte counters) see every
         # operator eagerly: Dynamo skips compiled frames under them, and fullgraph raises
         return False
     if _rotation_kernel == "auto":
-        return _auto_fuses_on(q.device) and not _fused_rotation_failed
+        return _auto_fuses_on(device) and not _fused_rotation_failed
     return _rotation_kernel == "fused"
 
 

@@ -15,18 +15,17 @@ from pe_bench.harness.attention import Attention
 
 DIM, HEADS = 48, 3  # head width 16
 ROTATING = ["rope", "rope-mixed", "string-cayley", "string-circulant"]
+GRIDS = {2: (4, 5), 3: (3, 3, 2)}
 
 
 def _layer(name: str, pos_dim: int = 2) -> Attention:
     torch.manual_seed(0)
-    grid = (4, 5) if pos_dim == 2 else (3, 3, 2)
-    geometry = Geometry(pos_dim=pos_dim, grid_shape=grid, num_prefix_tokens=1)
+    geometry = Geometry(pos_dim=pos_dim, grid_shape=GRIDS[pos_dim], num_prefix_tokens=1)
     return Attention(DIM, HEADS, build(name, geometry, DIM, HEADS, depth=1).make_layer(0))
 
 
 def _inputs(pos_dim: int = 2) -> tuple[torch.Tensor, PositionLayout]:
-    grid = (4, 5) if pos_dim == 2 else (3, 3, 2)
-    layout = PositionLayout.grid(2, grid, 1)
+    layout = PositionLayout.grid(2, GRIDS[pos_dim], 1)
     layout.valid = torch.ones(2, layout.coords.shape[1], dtype=torch.bool)
     layout.valid[1, -3:] = False  # padding in the second sample
     x = torch.randn(2, layout.coords.shape[1], DIM, generator=torch.Generator().manual_seed(1))
@@ -41,12 +40,18 @@ def _step(layer: Attention, x: torch.Tensor, layout: PositionLayout, policy: str
     return out.detach(), {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
 
 
+def _count_fused_calls(monkeypatch) -> list[int]:
+    """The compiled rotation, with each of its calls appended to the returned list."""
+    calls: list[int] = []
+    compiled = rope._fused_rotation()
+    monkeypatch.setattr(rope, "_fused_rotation", lambda: lambda *a: calls.append(1) or compiled(*a))
+    return calls
+
+
 @pytest.mark.parametrize("name", ROTATING)
 @pytest.mark.parametrize("pos_dim", [2, 3])
 def test_fused_rotation_equals_the_eager_passes(name, pos_dim, monkeypatch):
-    calls = []
-    compiled = rope._fused_rotation()
-    monkeypatch.setattr(rope, "_fused_rotation", lambda: lambda *a: calls.append(1) or compiled(*a))
+    calls = _count_fused_calls(monkeypatch)
     layer = _layer(name, pos_dim)
     x, layout = _inputs(pos_dim)
     eager_out, eager_grads = _step(layer, x, layout, "eager")
@@ -121,9 +126,7 @@ def test_an_unknown_rotation_policy_is_named():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ROTATING)
 def test_cuda_auto_fuses_and_matches_eager_in_bf16(name, monkeypatch):
-    calls = []
-    compiled = rope._fused_rotation()
-    monkeypatch.setattr(rope, "_fused_rotation", lambda: lambda *a: calls.append(1) or compiled(*a))
+    calls = _count_fused_calls(monkeypatch)
     layer = _layer(name).cuda()
     x, layout = _inputs()
     x = x.cuda()
