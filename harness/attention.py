@@ -257,9 +257,19 @@ class Attention(nn.Module):
         self.encoding = encoding
         self.dropout = dropout
 
-    def _heads(self, t: Tensor) -> Tensor:
+    def _heads(self, t: Tensor, blocks: int = 1) -> tuple[Tensor, ...]:
+        """The ``blocks`` blocks of heads of a projection's output ``t`` (B, N, blocks * dim),
+        each (B, H, N, head_dim), as views of ``t``.
+
+        Split by ``unbind`` of a block dimension, not ``chunk`` of the last one: the backward
+        then stacks the blocks' gradients into t's in one pass from whatever layout they
+        come in. After ``chunk`` each block's gradient is reshaped to (B, N, dim) first,
+        which copies it whenever it is not laid out as one: a slice of a widened head's
+        gradient (PaPE's q and k) cost a copy of q's and of k's gradient per layer.
+        """
         b, n, _ = t.shape
-        return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        heads = t.view(b, n, blocks, self.num_heads, self.head_dim).unbind(2)
+        return tuple(h.transpose(1, 2) for h in heads)
 
     def _project(
         self, x: Tensor, query: PositionLayout, context: Tensor | None, key: PositionLayout | None, causal: bool
@@ -305,11 +315,11 @@ class Attention(nn.Module):
         if self.cross:
             if context is None or key is None:
                 raise ValueError("cross-attention needs context tokens and their key layout")
-            q = self._heads(self._project_in_basis(self.q, x, basis, "q"))
-            k, v = (self._heads(t) for t in self._project_in_basis(self.kv, context, basis, "kv").chunk(2, dim=-1))
+            (q,) = self._heads(self._project_in_basis(self.q, x, basis, "q"))
+            k, v = self._heads(self._project_in_basis(self.kv, context, basis, "kv"), blocks=2)
         else:
             context, key = x, query
-            q, k, v = (self._heads(t) for t in self._project_in_basis(self.qkv, x, basis, "qkv").chunk(3, dim=-1))
+            q, k, v = self._heads(self._project_in_basis(self.qkv, x, basis, "qkv"), blocks=3)
         inputs = AttentionInputs(x_q=x, x_k=context, query=query, key=key, causal=causal, qk_in_basis=basis is not None)
         return q, k, v, inputs
 

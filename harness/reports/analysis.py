@@ -74,7 +74,7 @@ def head_scores(
 
 def _split_logits(attn: Attention, x: Tensor, layout: PositionLayout) -> tuple[Tensor, Tensor]:
     """Scaled semantic (q.k) and positional (the rest of PaPE's widened product) logits."""
-    q, k, _ = (attn._heads(t) for t in attn.qkv(x).chunk(3, dim=-1))
+    q, k, _ = attn._heads(attn.qkv(x), blocks=3)
     scale = 1.0 / math.sqrt(attn.head_dim)
     semantic = (q @ k.transpose(-1, -2)) * scale
     inputs = AttentionInputs(x_q=x, x_k=x, query=layout, key=layout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.nn.attention import SDPBackend
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pe_bench.adapters import Geometry, PositionLayout, available, build, get
 from pe_bench.adapters.base import Principle
@@ -124,3 +125,40 @@ def test_a_learned_dense_bias_gets_its_gradient_from_cuda_sdpa_in_bf16(method, m
     for name, reference in grads[False].items():
         error = ((grads[True][name] - reference).norm() / reference.norm()).item()
         assert reference.abs().max() > 0 and error < 0.25, (name, error)
+
+
+class _CopiesOfShape(TorchDispatchMode):
+    """Records the copies (``clone``) a block dispatches whose output has the shape ``shape``."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.shape, self.copies = shape, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket is torch.ops.aten.clone and tuple(out.shape) == self.shape:
+            self.copies += 1
+        return out
+
+
+@pytest.mark.parametrize("name", ["nopos", "rope", "pape", "pape-ri", "relpos"])
+@pytest.mark.parametrize("cross", [False, True])
+def test_the_head_split_adds_no_copy_of_the_gradients(name, cross):
+    """q, k and v are views of the projection's output, and the backward writes the
+    projection's gradient from theirs in one pass, whatever layout those come back in (PaPE's
+    are slices of its widened heads' gradients, relpos's math kernel returns (B, H, N, D)
+    order): no copy of a per-head gradient, (B, N, H, head_dim), first. Before
+    ``Attention._heads`` split by ``unbind``, each was reshaped to (B, N, dim) first, a copy of
+    q's and of k's gradient per layer for pape, pape-ri and relpos (this test failed there)."""
+    geometry = Geometry(pos_dim=2, grid_shape=(5, 5), num_prefix_tokens=1)
+    encoding = build(name, geometry, 64, 4, 1)
+    layer = Attention(64, 4, encoding.make_layer(0), cross=cross, context_dim=64 if cross else None)
+    layout = encoding.prepare(PositionLayout.grid(2, (5, 5), 1))
+    x = torch.randn(2, 26, 64)
+    context = dict(context=torch.randn(2, 26, 64), key=layout) if cross else {}
+    out = layer(x, layout, **context)
+    with _CopiesOfShape((2, 26, 4, 16)) as backward:
+        out.sum().backward()
+    assert backward.copies == 0
+    projection = layer.kv if cross else layer.qkv
+    assert projection.weight.grad is not None  # the backward reached the split

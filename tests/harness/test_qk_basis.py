@@ -75,7 +75,7 @@ def test_folded_basis_leaves_v_and_the_plain_projection_alone(name: str) -> None
     weight = folded.qkv.weight.detach().clone()
     _, _, v, inputs = folded._raw_heads(x, layout, None, None, False)
     assert inputs.qk_in_basis
-    plain_v = folded._heads(folded.qkv(x).chunk(3, dim=-1)[2])
+    plain_v = folded._heads(folded.qkv(x), blocks=3)[2]
     torch.testing.assert_close(v, plain_v, rtol=0, atol=0)
     assert torch.equal(folded.qkv.weight, weight)
 
