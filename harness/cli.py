@@ -643,10 +643,14 @@ def _profile_steps(args: argparse.Namespace) -> int:
     from pe_bench.harness.reports.bench import BenchSpec, profile_step
 
     spec = BenchSpec(args.model, (), (), 0, args.repeats, args.image_size, args.device, args.threads)
-    spec.attention_kernel = args.attention_kernel
+    # --compile profiles the compiled step: issue 16's rope stayed 1.20x nopos compiled (H200,
+    # 11-27) with its rotation fused, a gap only a profile of the compiled kernels can place
+    spec.compile, spec.attention_kernel = args.compile, args.attention_kernel
     batch = max(args.throughput_batch)
+    form = "compiled" if args.compile else "eager"
     for method in _bench_methods(args.profile_step):
-        title = f"## {method}: training step at batch {batch} ({args.model}, {args.device}), operators by self time"
+        title = f"## {method}: {form} training step at batch {batch} ({args.model}, {args.device})"
+        title += ", operators by self time"
         print(title, profile_step(method, spec, batch), sep="\n", flush=True)
     return 0
 

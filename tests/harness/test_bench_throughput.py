@@ -166,9 +166,24 @@ def test_profile_step_names_the_operators_of_a_training_step(capsys):
     args = ["bench", "--model", "tiny", "--device", "cpu", "--profile-step", "nopos,rope", "--throughput-batch", "2"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "## nopos: training step at batch 2" in out and "## rope: training step at batch 2" in out
+    assert "## nopos: eager training step at batch 2" in out and "## rope: eager training step at batch 2" in out
     rope = out.split("## rope")[1]
     assert "Self CPU" in rope and "aten::mul" in rope  # the rotation's products are among rope's operators
+
+
+def test_profile_step_profiles_the_compiled_step_with_compile(capsys, monkeypatch):
+    """``--compile`` profiles the step of the model compiled as ``bench --compile`` times it
+    (``aot_eager`` here, which keeps this quick: the compiled graph runs as one autograd
+    function, ``CompiledFunction``, in the profile)."""
+    from pe_bench.harness.compile import compile_model
+
+    monkeypatch.setattr(bench, "compile_model", lambda model, **kw: compile_model(model, backend="aot_eager", **kw))
+    torch._dynamo.reset()
+    args = ["bench", "--model", "tiny", "--device", "cpu", "--profile-step", "rope", "--throughput-batch", "2"]
+    assert main([*args, "--compile"]) == 0
+    out = capsys.readouterr().out
+    assert "## rope: compiled training step at batch 2" in out
+    assert "CompiledFunction" in out
 
 
 def test_every_model_of_a_compiled_table_runs_compiled(monkeypatch):
