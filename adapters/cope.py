@@ -48,13 +48,22 @@ p_i(rank) for every rank, again N x N per head; so CoPE keeps the dense-bias pat
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from pydantic import Field
 from torch import Tensor, nn
 
 from .abspos import OptionalAbsPosEncoding
-from .base import AttentionInputs, EncodingOptions, Geometry, LayerEncoding, Principle
+from .base import (
+    AttentionInputs,
+    EncodingOptions,
+    Geometry,
+    LayerEncoding,
+    PositionLayout,
+    Principle,
+    shared_per_forward,
+)
 from .registry import register
 
 
@@ -66,25 +75,59 @@ class CoPEOptions(EncodingOptions):
     init_std: float = Field(0.02, ge=0.0)
 
 
-def lexicographic_less(a: Tensor, b: Tensor) -> Tensor:
-    """(B, Na, P), (B, Nb, P) -> (B, Na, Nb): a_i before b_j in lexicographic order."""
-    a, b = a.unsqueeze(2), b.unsqueeze(1)
-    less = a[..., -1] < b[..., -1]
-    for axis in range(a.shape[-1] - 2, -1, -1):
-        less = (a[..., axis] < b[..., axis]) | ((a[..., axis] == b[..., axis]) & less)
-    return less
+def lexicographic_ranks(coords: Tensor, counted: Tensor) -> Tensor:
+    """(B, N, P) coordinates and (B, N) flags -> (B, N) ranks: rank_m = the number of counted
+    tokens strictly before token m in lexicographic order (first axis most significant), so
+    tokens with equal coordinates share a rank.
+
+    By sorting, O(N log N) per sample: comparing every pair instead took several (B, N, N)
+    boolean passes per layer, 4.3 GB each at 65,536 tokens, and a chunk of queries
+    (harness/attention.py's ``query_chunks``) repeated them for all keys, hundreds of times per
+    forward. Stable sorts from the least significant axis up give the lexicographic order;
+    a tie group's rank is the count of counted tokens before its first member."""
+    batch, n, axes = coords.shape
+    order = torch.arange(n, device=coords.device).expand(batch, n)
+    for axis in reversed(range(axes)):
+        keys = coords[..., axis].gather(1, order)
+        order = order.gather(1, keys.argsort(dim=1, stable=True))
+    ordered = coords.gather(1, order.unsqueeze(-1).expand(-1, -1, axes))
+    starts_group = torch.ones(batch, n, dtype=torch.bool, device=coords.device)
+    starts_group[:, 1:] = (ordered[:, 1:] != ordered[:, :-1]).any(-1)
+    counted_ordered = counted.gather(1, order).long()
+    counted_before = counted_ordered.cumsum(1) - counted_ordered
+    # counted_before does not decrease along the order, so the running maximum of its values at
+    # group starts is, for every member, the value at its own group's start
+    ranks_ordered = torch.where(starts_group, counted_before, 0).cummax(1).values
+    return torch.empty_like(ranks_ordered).scatter_(1, order, ranks_ordered)
 
 
-def suffix_counts(gates: Tensor, rank: Tensor) -> Tensor:
-    """p[..., i, m] = sum_j gates[..., i, j] * [rank_j >= rank_m].
+class CountBins(NamedTuple):
+    """Where each key's gate is summed (``summed_into``) and its count read (``read_at``),
+    (B, Nk) each: the bins of ``suffix_counts``."""
 
-    gates: (B, H, Nq, Nk); rank: (B, Nk) integer ranks in [0, Nk). Gates are summed into one
-    bin per rank and the bins are summed from the end, O(N^2) instead of a (Nk x Nk) matmul.
+    summed_into: Tensor
+    read_at: Tensor
+
+
+def count_bins(ranks: Tensor, counted: Tensor) -> CountBins:
+    """The bins of keys with ``ranks`` (``lexicographic_ranks``): one per rank, in reversed
+    rank order, so that a prefix sum over the bins is Eq. 8's sum over the keys from m on
+    (without the two flips of a suffix sum: the same additions in the same order); keys that
+    are never counted (CLS, padding) go to one extra bin after all the others, which no count
+    reads, so their gates need no zeroing pass."""
+    read_at = ranks.shape[-1] - 1 - ranks
+    return CountBins(torch.where(counted, read_at, ranks.shape[-1]), read_at)
+
+
+def suffix_counts(gates: Tensor, bins: CountBins) -> Tensor:
+    """p[..., i, m] = sum over counted keys j of gates[..., i, j] * [rank_j >= rank_m].
+
+    gates: (B, H, Nq, Nk). Gates are summed into their bins, and the bins from the highest
+    rank down, O(N^2) instead of a (Nk x Nk) matmul.
     """
-    index = rank[:, None, None, :].expand_as(gates)
-    bins = torch.zeros_like(gates).scatter_add_(-1, index, gates)
-    tail = bins.flip(-1).cumsum(-1).flip(-1)
-    return tail.gather(-1, index)
+    summed_into = bins.summed_into[:, None, None, :].expand_as(gates)
+    per_bin = gates.new_zeros(*gates.shape[:-1], gates.shape[-1] + 1).scatter_add_(-1, summed_into, gates)
+    return per_bin.cumsum(-1).gather(-1, bins.read_at[:, None, None, :].expand_as(gates))
 
 
 def interpolated_logits(probe: Tensor, table: Tensor, positions: Tensor) -> Tensor:
@@ -125,16 +168,25 @@ class CoPELayer(LayerEncoding):
         """p_ij of Eq. 8 (with the non-causal extension), (B, H, Nq, Nk)."""
         key = inputs.key
         scale = 1.0 / math.sqrt(q.shape[-1])
-        gates = torch.sigmoid((q * scale) @ k.transpose(-1, -2))  # scaled before the product: one N x N pass fewer
-        counted = key.positioned  # CLS and padding are never counted
-        keep = counted[:, None, None, :]
+        # The gates and their counts in at least float32: a count is a sum of up to Nk gates,
+        # and in bf16 p >= 128 keeps no fraction for the interpolation (steps of 1 there),
+        # p >= 256 not even its integer. Under CPU bf16 autocast, which leaves cumsum in bf16,
+        # the bias was 17 % (14 x 14) and 76 % (32 x 32) off float32's in relative L2; CUDA
+        # autocast sums in float32, but bf16 gates left it 1.8 % and 4.1 % off; now 1.0 % and
+        # 2.2 %, the rounding of q and k themselves (tests/adapters/test_enc_cope.py).
+        counting = torch.promote_types(q.dtype, torch.float32)
+        logits = (q * scale) @ k.transpose(-1, -2)  # scaled before the product: one N x N pass fewer
+        gates = torch.sigmoid(logits.to(counting))
         if inputs.causal:
-            keep = keep & causal_keep(q.shape[-2], k.shape[-2], q.device)
-        gates = gates * keep.to(gates.dtype)
-        ck = key.coords.float()
-        before = lexicographic_less(ck, ck) & counted[:, :, None]
-        rank = before.sum(1)  # rank_m = number of counted keys strictly before m
-        return suffix_counts(gates, rank)
+            gates = gates * causal_keep(q.shape[-2], k.shape[-2], q.device).to(gates.dtype)
+        # positions only: once per forward for every layer (the memo is keyed by the key layout)
+        bins = shared_per_forward(inputs, "cope-bins", lambda: self._count_bins(key))
+        return suffix_counts(gates, bins)
+
+    @staticmethod
+    def _count_bins(key: PositionLayout) -> CountBins:
+        counted = key.positioned  # CLS and padding are never counted
+        return count_bins(lexicographic_ranks(key.coords.float(), counted), counted)
 
     def dense_bias_elements(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> int:
         return q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2]  # content gates: every sample's own

@@ -187,7 +187,10 @@ class SaPE2Layer(LayerEncoding):
         cells, (height, width) = cell_indices(layout)
         rows, cols = cells[..., 0], cells[..., 1]
 
-        gates = torch.sigmoid((q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1]))
+        # gates and counts in at least float32, as the Flex form's (cope.py's ``positions``: in
+        # 16 bits a count loses its fraction, which the interpolation reads)
+        logits = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        gates = torch.sigmoid(logits.to(torch.promote_types(q.dtype, torch.float32)))
         keep = layout.positioned[:, None, None, :]
         if inputs.causal:
             keep = keep & causal_keep(q.shape[-2], k.shape[-2], q.device)

@@ -162,3 +162,65 @@ def test_geometries() -> None:
     build("cope", Geometry(pos_dim=1), DIM, HEADS, 1)  # irregular 1-D: ordered by coordinate
     with pytest.raises(NotApplicableError):
         build("cope", Geometry(pos_dim=3), DIM, HEADS, 1)  # point clouds: no token order
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 3),
+    n=st.integers(1, 40),
+    axes=st.integers(1, 3),
+    values=st.integers(1, 4),  # few distinct values per axis: ties across and within axes
+    seed=st.integers(0, 2**16),
+)
+def test_lexicographic_ranks_count_the_counted_tokens_strictly_before(batch, n, axes, values, seed) -> None:
+    """The sorted ranks equal the definition pair by pair: rank_m = #{counted t : r_t before r_m
+    in lexicographic order}, ties sharing a rank, position-free tokens ranked but not counted."""
+    from pe_bench.adapters.cope import lexicographic_ranks
+
+    generator = torch.Generator().manual_seed(seed)
+    coords = torch.randint(0, values, (batch, n, axes), generator=generator).float() - 1.5
+    counted = torch.rand(batch, n, generator=generator) < 0.8
+    a, b = coords.unsqueeze(2), coords.unsqueeze(1)  # (B, t, 1, P), (B, 1, m, P)
+    before = a[..., -1] < b[..., -1]
+    for axis in range(axes - 2, -1, -1):
+        before = (a[..., axis] < b[..., axis]) | ((a[..., axis] == b[..., axis]) & before)
+    expected = (before & counted[:, :, None]).sum(1)
+    assert torch.equal(lexicographic_ranks(coords, counted), expected)
+
+
+def test_ranks_are_computed_once_per_forward(monkeypatch) -> None:
+    """The ranks depend on the key positions only: every CoPE layer of a forward reads one."""
+    import pe_bench.adapters.cope as cope
+
+    calls = []
+    real = cope.lexicographic_ranks
+    monkeypatch.setattr(cope, "lexicographic_ranks", lambda *args: calls.append(1) or real(*args))
+    encoder = TransformerEncoder(DIM, 3, HEADS, build("cope", Geometry(pos_dim=2, grid_shape=(3, 4)), DIM, HEADS, 3))
+    encoder(torch.randn(2, 12, DIM), PositionLayout.grid(2, (3, 4)))
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("name", ["cope", "sape2"])
+def test_counts_stay_float32_under_bf16_autocast(name) -> None:
+    """A count sums up to Nk gates: in bf16 a count past 128 keeps no fraction for the
+    interpolation and past 256 not its integer. The gates are made and counted in float32
+    (SaPE²'s dense form too, as its Flex form always did), so under bf16 autocast the bias
+    stays near the rounding of q and k themselves. CoPE, this configuration: 0.49 relative
+    error with the counts in bf16 (CPU autocast keeps cumsum in bf16), 0.027 with bf16 gates
+    summed in float32 (CUDA autocast runs cumsum in float32), 0.008 now. SaPE²'s counts run
+    along one row, a gate per cell: its error was 0.004 before and after, a guard here."""
+    torch.manual_seed(0)
+    side, heads, width = 24, 4, 16
+    n = side * side + 1
+    layer = build(name, Geometry(pos_dim=2, grid_shape=(side, side), num_prefix_tokens=1), heads * width, heads, 1)
+    layer = layer.make_layer(0)
+    layout = PositionLayout.grid(1, (side, side), 1)
+    x = torch.randn(1, n, heads * width)
+    q, k = torch.randn(2, 1, heads, n, width).bfloat16().float()  # the same values in both runs
+    inputs = AttentionInputs(x_q=x, x_k=x, query=layout, key=layout)
+    with torch.no_grad():
+        exact = layer.bias(q, k, inputs)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = layer.bias(q.bfloat16(), k.bfloat16(), inputs)
+    error = float((low.float() - exact).norm() / exact.norm())
+    assert error < 0.015, error
