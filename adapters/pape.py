@@ -44,15 +44,17 @@ Two forms, selected by ``form``:
   call per tile, and every tile holds its own widened features of all keys (T copies of k:
   keep T small, e.g. 4 tiles of 7 x 7 at 14 x 14).
   Positional bias (``low_precision: bias``): with 16-bit q/k, the widened features' product
-  <f_q_i, f_k_j> is not folded into q and k but formed by one float32 matmul as a (B, H, Nq,
+  <f_q_i, f_k_j> is not folded into q and k but formed to float32 accuracy as a (B, H, Nq,
   Nk) bias (``positional_bias``), rounded to 16 bits only after the cancellation, and SDPA
-  runs the unwidened 16-bit heads with that bias. Its backward is that matmul's, in float32:
-  the kernel returns dS rounded per pair (a relative error of each pair's own term), and
-  the positional columns combine in float32. No frames or tiles are needed. The cost is
-  the N x N bias: (B, H, Nq, Nk) in float32 and 16 bits per layer, which fits small grids
-  (ViT-B at 224²: 0.47M elements per sample and layer), plus the float32 matmul. That
-  matmul needs IEEE float32: TF32 would round the features to 10 bits, so it is refused on
-  CUDA then. 32-bit q/k keep the widened form, which is exact there.
+  runs the unwidened 16-bit heads with that bias. Its backward is that product's, to
+  float32 accuracy: the kernel returns dS rounded per pair (a relative error of each pair's
+  own term), and the positional columns combine in float32. No frames or tiles are needed.
+  The product runs on the 16-bit matrix units, each float32 feature as three bf16 pieces
+  (adapters/_float32_product.py; until stop 52 an IEEE float32 matmul, which TF32 would
+  have rounded to 10 bits and so was refused). The cost is the N x N bias: (B, H, Nq, Nk)
+  in float32 and 16 bits per layer, which fits small grids (ViT-B at 224²: 0.47M elements
+  per sample and layer), plus six bf16 products per feature. 32-bit q/k keep the widened
+  form, which is exact there.
 * ``explicit``: the bias of Eq. 9 built as a (B, H, Nq, Nk) tensor: the reference oracle
   and the memory comparison. Its FlexAttention form (``score_mod``, used on CUDA) evaluates
   Eq. 9 with the direct differences Δr_ij per (query, key) pair inside the kernel, from
@@ -81,6 +83,7 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from ._flex import indexed_once
+from ._float32_product import float32_product
 from .base import (
     AttentionInputs,
     EncodingOptions,
@@ -206,30 +209,19 @@ def _joined_and_padded(parts: list[Tensor], multiple: int) -> Tensor:
     return torch.cat([t.expand(*lead, -1) for t in parts], dim=-1)
 
 
-def require_ieee_float32_matmul(device: torch.device) -> None:
-    """Refuse TF32 float32 matmuls on CUDA (``torch.set_float32_matmul_precision("high")``):
-    they round the features to 10 bits, where the parabola's terms cancel. (The flag, not
-    ``get_float32_matmul_precision``, which Dynamo cannot trace; compiled graphs are
-    guarded on it.)"""
-    if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
-        raise RuntimeError(
-            "PaPE's low_precision 'bias' needs IEEE float32 matmuls, but TF32 is on"
-            " (torch.set_float32_matmul_precision('high' or 'medium'), or"
-            " torch.backends.cuda.matmul.allow_tf32): it rounds the features to 10 bits, where"
-            " the parabola's terms cancel. Call torch.set_float32_matmul_precision('highest'),"
-            " or use low_precision 'split'"
-        )
-
-
 def positional_bias(q_extra: Tensor, k_extra: Tensor, head_dim: int) -> Tensor:
     """<q_extra_i, k_extra_j> / sqrt(head_dim), the efficient form's positional logits, as a
-    (B, H, Nq, Nk) bias made by one matmul in the features' dtype (float32 at least), outside
-    autocast, which would run it in 16 bits and cancel the parabola's terms there."""
-    require_ieee_float32_matmul(q_extra.device)
+    (B, H, Nq, Nk) bias in the features' dtype (float32 at least), outside autocast, which
+    would run it in 16 bits and cancel the parabola's terms there. Float32 features multiply
+    on the 16-bit matrix units to float32 accuracy (``_float32_product``: each number as three
+    bf16 pieces), so TF32 settings do not touch them; float64 ones (tests) as they are."""
+    # the scale on the (.., N, 2m + 1) features, not on the N x N product: a pass over the
+    # smaller tensor, forward and backward (exact for a power-of-two head width)
+    scaled = q_extra / math.sqrt(head_dim)
+    if scaled.dtype == torch.float32:
+        return float32_product(scaled, k_extra.to(torch.float32))
     with torch.autocast(q_extra.device.type, enabled=False):
-        # the scale on the (.., N, 2m + 1) features, not on the N x N product: a pass over
-        # the smaller tensor, forward and backward (exact for a power-of-two head width)
-        return (q_extra / math.sqrt(head_dim)) @ k_extra.to(q_extra.dtype).transpose(-1, -2)
+        return scaled @ k_extra.to(scaled.dtype).transpose(-1, -2)
 
 
 def pape_bias_elements(options: WidenedFormOptions, q: Tensor, k: Tensor, per_pair: int) -> int:

@@ -54,10 +54,11 @@ def _widened_channels(extra: int, pad_to: int, split: bool) -> int:
 def _widened_flops(extra: int, options: dict, pairs: int, bf16: bool) -> float:
     """FLOPs of PaPE's (or PaPE-RI's) ``extra`` positional channels over ``pairs`` (query, key)
     pairs: in q.k, widened (split 3x in bf16 and padded), or with ``low_precision: bias`` in
-    bf16 as a float32 product (2 per channel and pair, unpadded) plus the bias's add."""
+    bf16 as a float32-accurate product of six bf16 piece products per channel
+    (adapters/_float32_product.py: 12 per channel and pair, unpadded) plus the bias's add."""
     low_precision = options.get("low_precision", "split")
     if bf16 and low_precision == "bias":
-        return pairs * (2.0 * extra + 1)
+        return pairs * (12.0 * extra + 1)
     split = bf16 and low_precision == "split"
     return pairs * 2.0 * _widened_channels(extra, int(options.get("pad_to", 8)), split)
 
@@ -88,9 +89,8 @@ def encoding_flops(
       stays unpadded on CUDA), with w after the bf16 hi/lo split (3x, ``bf16``) and padding;
       plus the coefficient projections (PaPE: W_a, W_b: 4 N D H m; W_p: 2 N H m P; the
       features ~ 8 N H m; PaPE-RI: w_α, 2 N D H). ``low_precision: bias`` in bf16: the
-      same product unpadded, 2 N^2 H w, as a float32 matmul, and the bias's add. Counted
-      as FLOPs like the rest, although float32 runs at a fraction of the bf16 tensor-core
-      rate (IEEE float32 is what that form needs): its bound is optimistic by that.
+      same product unpadded, to float32 accuracy as six bf16 piece products on the tensor
+      cores (adapters/_float32_product.py), 12 N^2 H w, and the bias's add.
 
     Training costs about three forwards for every term alike, so the training bound is the
     same ratio. The bound ignores memory traffic, which is what elementwise work costs.

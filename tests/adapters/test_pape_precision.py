@@ -181,9 +181,8 @@ def test_positional_bias_form_is_the_widened_form_in_float32():
     assert torch.equal(layers[0](x, layout), layers[1](x, layout))
 
 
-def test_positional_bias_form_refuses_tiles_and_tf32():
+def test_positional_bias_form_refuses_tiles():
     from pe_bench.adapters.base import Principle
-    from pe_bench.adapters.pape import require_ieee_float32_matmul
 
     for method in ("pape", "pape-ri"):  # an N x N bias in 16 bits: no fused-kernel claim
         encoding = build(method, Geometry(pos_dim=2, grid_shape=(4, 4)), 32, 2, 1, {"low_precision": "bias"})
@@ -191,12 +190,64 @@ def test_positional_bias_form_refuses_tiles_and_tf32():
 
     with pytest.raises(ValueError, match="frame_tile does not combine with low_precision 'bias'"):
         build("pape", Geometry(pos_dim=2, grid_shape=(4, 4)), 32, 2, 1, {"low_precision": "bias", "frame_tile": 2})
-    require_ieee_float32_matmul(torch.device("cuda"))  # the default: IEEE float32
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    try:
-        with pytest.raises(RuntimeError, match="needs IEEE float32 matmuls, but TF32 is on"):
-            require_ieee_float32_matmul(torch.device("cuda"))
-        require_ieee_float32_matmul(torch.device("cpu"))  # TF32 is a CUDA setting
-    finally:
-        torch.set_float32_matmul_precision(previous)
+
+
+def test_float32_product_on_bf16_pieces_is_float32_accurate():
+    """The bias form's product of float32 features as six products of bf16 pieces
+    (adapters/_float32_product.py): within 3x a float32 matmul's rounding of the float64
+    product, and both gradients within 2^-20, for a key side shared by the batch too; a product of the features
+    rounded to bf16 (what TF32 or one bf16 matmul would do) misses it by orders of magnitude."""
+    from pe_bench.adapters._float32_product import float32_product, pieces
+
+    torch.manual_seed(0)
+    x = torch.randn(4096) * 1e3
+    hi, mid, lo = pieces(x)
+    assert {hi.dtype, mid.dtype, lo.dtype} == {torch.bfloat16}
+    assert torch.equal(hi.double() + mid.double() + lo.double(), x.double())  # 24 bits in three pieces
+
+    # features like PaPE's at 64 x 64: large terms whose product cancels
+    a = (torch.randn(2, 3, 40, 101) * 30).requires_grad_()
+    b = (torch.randn(1, 3, 50, 101) * 30).requires_grad_()
+    exact_a, exact_b = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    exact = exact_a @ exact_b.transpose(-1, -2)
+    got = float32_product(a, b)
+    assert got.dtype == torch.float32 and got.shape == (2, 3, 40, 50)
+    scale = (exact_a.detach().abs() @ exact_b.detach().abs().transpose(-1, -2)).max()  # the sums' terms' size
+    forward_error = float((got.detach().double() - exact.detach()).abs().max() / scale)
+    float32_error = float(((a.detach() @ b.detach().transpose(-1, -2)).double() - exact.detach()).abs().max() / scale)
+    assert forward_error < 3 * float32_error  # measured 1.8x: six partial sums instead of one
+    rounded = a.detach().bfloat16().double() @ b.detach().bfloat16().double().transpose(-1, -2)
+    assert float((rounded - exact.detach()).abs().max() / scale) > 1000 * forward_error
+
+    upstream = torch.randn(got.shape).bfloat16().float()  # SDPA returns the bias's gradient in bf16
+    got.backward(upstream)
+    exact.backward(upstream.double())
+    assert b.grad.shape == b.shape  # the shared side's gradient summed over the batch
+    for mine, reference in ((a.grad, exact_a.grad), (b.grad, exact_b.grad)):
+        assert float((mine.double() - reference).norm() / reference.norm()) < 2**-20
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_float32_product_on_cuda_runs_on_the_matrix_units_and_matches(monkeypatch):
+    """On CUDA the pieces multiply by ``bmm(..., out_dtype=float32)`` (bf16 tensor cores with
+    float32 sums), and TF32 settings change nothing: the same result as on the CPU's float32
+    products of the same pieces, forward and gradients, to float32 rounding."""
+    from pe_bench.adapters import _float32_product
+
+    assert _float32_product._WIDE_BMM, "this torch lacks bmm(..., out_dtype=): the CUDA path falls back"
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 3, 64, 101) * 30, torch.randn(1, 3, 48, 101) * 30
+    upstream = torch.randn(2, 3, 64, 48).bfloat16().float()
+    results = []
+    for device in ("cpu", "cuda"):
+        a_dev, b_dev = a.to(device).requires_grad_(), b.to(device).requires_grad_()
+        out = _float32_product.float32_product(a_dev, b_dev)
+        out.backward(upstream.to(device))
+        results.append([t.detach().cpu() for t in (out, a_dev.grad, b_dev.grad)])
+    for cpu, cuda in zip(*results, strict=True):
+        torch.testing.assert_close(cuda, cpu, rtol=1e-5, atol=1e-3)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    with torch.no_grad():
+        tf32 = _float32_product.float32_product(a.cuda(), b.cuda()).cpu()
+    torch.testing.assert_close(tf32, results[0][0], rtol=1e-5, atol=1e-3)
