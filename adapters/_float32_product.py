@@ -53,19 +53,19 @@ def _wide_matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 class _Float32Product(torch.autograd.Function):
-    """a @ b^T for float32 a (B, ..., n, w) and b (B or 1, ..., m, w)."""
+    """a @ b^T for float32 a (B, ..., n, w) and b (B or 1, ..., m, w), rounded to ``out_dtype``."""
 
     @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor) -> Tensor:
+    def forward(ctx, a: Tensor, b: Tensor, out_dtype: torch.dtype) -> Tensor:
         a_hi, a_mid, a_lo = a_pieces = pieces(a)
         b_hi, b_mid, b_lo = b_pieces = pieces(b)
         ctx.save_for_backward(*a_pieces, *b_pieces)
         left = torch.cat([a_hi, a_hi, a_mid, a_hi, a_lo, a_mid], dim=-1)
         right = torch.cat([b_hi, b_mid, b_hi, b_lo, b_hi, b_mid], dim=-1)
-        return _wide_matmul(left, right.transpose(-1, -2))
+        return _wide_matmul(left, right.transpose(-1, -2)).to(out_dtype)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
         a_hi, a_mid, a_lo, b_hi, b_mid, b_lo = ctx.saved_tensors
         # rounding the gradient to bf16 is a relative error of each pair's own term (none
         # when it comes from SDPA in bf16); the pieces of a and b keep their 24 bits
@@ -75,10 +75,12 @@ class _Float32Product(torch.autograd.Function):
         d_b = sum(_wide_matmul(grad_t, piece) for piece in (a_hi, a_mid, a_lo))
         if b_hi.shape[0] != d_b.shape[0]:  # b shared by the batch: its gradient summed over it
             d_b = d_b.sum(0, keepdim=True)
-        return d_a, d_b
+        return d_a, d_b, None
 
 
-def float32_product(a: Tensor, b: Tensor) -> Tensor:
+def float32_product(a: Tensor, b: Tensor, out_dtype: torch.dtype = torch.float32) -> Tensor:
     """a @ b^T for float32 a (B, H, n, w) and b (B or 1, H, m, w), to float32 accuracy on the
-    16-bit matrix units (module doc), with its gradients."""
-    return _Float32Product.apply(a, b)
+    16-bit matrix units (module doc), with its gradients, rounded once to ``out_dtype``. A
+    16-bit ``out_dtype`` (the bias as SDPA takes it) keeps the N x N product and its gradient
+    out of float32: its gradient then arrives in 16 bits, instead of cast up and down again."""
+    return _Float32Product.apply(a, b, out_dtype)

@@ -51,9 +51,10 @@ Two forms, selected by ``form``:
   own term), and the positional columns combine in float32. No frames or tiles are needed.
   The product runs on the 16-bit matrix units, each float32 feature as three bf16 pieces
   (adapters/_float32_product.py; until stop 52 an IEEE float32 matmul, which TF32 would
-  have rounded to 10 bits and so was refused). The cost is the N x N bias: (B, H, Nq, Nk)
-  in float32 and 16 bits per layer, which fits small grids (ViT-B at 224²: 0.47M elements
-  per sample and layer), plus six bf16 products per feature. 32-bit q/k keep the widened
+  have rounded to 10 bits and so was refused), and its float32 sums are rounded once, to
+  q's dtype, in which SDPA takes the bias and returns its gradient. The cost is the N x N
+  bias: (B, H, Nq, Nk) per layer in 16 bits (and briefly in float32), which fits small grids
+  (ViT-B at 224²: 0.47M elements per sample and layer), plus six bf16 products per feature. 32-bit q/k keep the widened
   form, which is exact there.
 * ``explicit``: the bias of Eq. 9 built as a (B, H, Nq, Nk) tensor: the reference oracle
   and the memory comparison. Its FlexAttention form (``score_mod``, used on CUDA) evaluates
@@ -209,17 +210,19 @@ def _joined_and_padded(parts: list[Tensor], multiple: int) -> Tensor:
     return torch.cat([t.expand(*lead, -1) for t in parts], dim=-1)
 
 
-def positional_bias(q_extra: Tensor, k_extra: Tensor, head_dim: int) -> Tensor:
+def positional_bias(q_extra: Tensor, k_extra: Tensor, q: Tensor) -> Tensor:
     """<q_extra_i, k_extra_j> / sqrt(head_dim), the efficient form's positional logits, as a
-    (B, H, Nq, Nk) bias in the features' dtype (float32 at least), outside autocast, which
-    would run it in 16 bits and cancel the parabola's terms there. Float32 features multiply
-    on the 16-bit matrix units to float32 accuracy (``_float32_product``: each number as three
-    bf16 pieces), so TF32 settings do not touch them; float64 ones (tests) as they are."""
+    (B, H, Nq, Nk) bias for the 16-bit heads ``q``, outside autocast, which would run the
+    product in 16 bits and cancel the parabola's terms there. Float32 features multiply on
+    the 16-bit matrix units to float32 accuracy (``_float32_product``: each number as three
+    bf16 pieces, so TF32 settings do not touch them), and the sum is rounded once, to q's
+    dtype, in which SDPA takes the bias; float64 ones (tests) multiply as they are, in
+    float64."""
     # the scale on the (.., N, 2m + 1) features, not on the N x N product: a pass over the
     # smaller tensor, forward and backward (exact for a power-of-two head width)
-    scaled = q_extra / math.sqrt(head_dim)
+    scaled = q_extra / math.sqrt(q.shape[-1])
     if scaled.dtype == torch.float32:
-        return float32_product(scaled, k_extra.to(torch.float32))
+        return float32_product(scaled, k_extra.to(torch.float32), out_dtype=q.dtype)
     with torch.autocast(q_extra.device.type, enabled=False):
         return scaled @ k_extra.to(scaled.dtype).transpose(-1, -2)
 
@@ -346,7 +349,7 @@ class ParabolicLayer(LayerEncoding):
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
         if self.options.positional_bias_form(q):
-            return positional_bias(*self._extra_features(inputs), q.shape[-1])
+            return positional_bias(*self._extra_features(inputs), q)
         if self.options.form != "explicit":
             return None
         s_q, s_k = self._frame(inputs)

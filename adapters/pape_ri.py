@@ -154,7 +154,7 @@ class ParabolicRILayer(LayerEncoding):
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
         if self.options.positional_bias_form(q):
-            return positional_bias(*self._extra_features(inputs), q.shape[-1])
+            return positional_bias(*self._extra_features(inputs), q)
         if self.options.form != "explicit":
             return None
         r_q, r_k = self._positions(inputs)

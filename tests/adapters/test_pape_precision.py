@@ -226,6 +226,14 @@ def test_float32_product_on_bf16_pieces_is_float32_accurate():
     for mine, reference in ((a.grad, exact_a.grad), (b.grad, exact_b.grad)):
         assert float((mine.double() - reference).norm() / reference.norm()) < 2**-20
 
+    # rounded once to the heads' dtype, as SDPA takes the bias: the float32 result's rounding,
+    # and its bf16 gradient gives the same gradients as the float32 one carrying its values
+    grads, a.grad, b.grad = (a.grad, b.grad), None, None
+    low = float32_product(a, b, out_dtype=torch.bfloat16)
+    assert low.dtype == torch.bfloat16 and torch.equal(low, got.detach().bfloat16())
+    low.backward(upstream.bfloat16())
+    assert torch.equal(a.grad, grads[0]) and torch.equal(b.grad, grads[1])
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
