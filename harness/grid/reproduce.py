@@ -125,8 +125,8 @@ def _value(text: str | None) -> float | str | None:
 def environment_differences(stored_env: dict[str, Any], now_env: dict[str, Any]) -> list[str]:
     """Entries of env.json that differ between the stored cell and this process."""
     lines = []
-    for key in ("python", "device", "torch_threads", "cpu_kernels", "cuda"):
-        if key == "cpu_kernels" and key not in stored_env:  # records before stop 44 lack it
+    for key in ("python", "device", "torch_threads", "cpu_kernels", "cpu_model", "cuda"):
+        if key in ("cpu_kernels", "cpu_model") and key not in stored_env:  # records before stops 44 and 53 lack them
             continue
         if stored_env.get(key) != now_env.get(key):
             lines.append(f"{key}: stored {stored_env.get(key)}, now {now_env.get(key)}")

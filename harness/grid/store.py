@@ -464,5 +464,21 @@ def environment() -> dict[str, Any]:
         # the instruction set torch's CPU kernels dispatch to (AVX512, AVX2, ...): another one
         # sums in another order, so a record's bits hold only where this is the same
         "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
+        # the CPU itself: two CPUs of one instruction set can still round differently (their
+        # libraries block sums by cache sizes; stop 53 met one)
+        "cpu_model": cpu_model(),
         "cuda": torch.version.cuda,
     }
+
+
+def cpu_model() -> str | None:
+    """The x86 CPU's "family F model M" from /proc/cpuinfo, None where it says none (not
+    Linux, or another architecture)."""
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return None
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
+    if not (fields.get("cpu family", "").isdigit() and fields.get("model", "").isdigit()):
+        return None
+    return f"family {fields['cpu family']} model {fields['model']}"

@@ -52,28 +52,15 @@ SENTINEL_TASK = {
 
 RECORDS_CPU = "AVX512"  # torch.backends.cpu.get_cpu_capability() where the records were trained
 RECORDS_TORCH = "2.14.1"
-#: x86 CPUs, as (family, model) of /proc/cpuinfo, whose kernels round differently from the
-#: records' machine although torch and the capability above are the same: the records' bits
-#: are not defined there. Family 6 model 207 (stop 53, 2026-11-28; AMX and AVX512-FP16, L3
-#: 300 MiB): `pe-bench reproduce results/reference/* --seeds 0 --methods nopos` gave 3
-#: identical, 7 differ, at HEAD of stop 52, whose CI had passed on another machine (train
-#: losses 1e-7 apart after one epoch; nuscenes 1e-3). A denylist, not an allowlist: the
-#: records' own CPU model is not recorded, and this keeps the check running wherever the
-#: records may reproduce; a CPU that is in this list cannot be the records' machine.
-OTHER_ARITHMETIC_CPUS = {(6, 207): "Xeon family 6 model 207"}
-
-
-def cpu_model() -> tuple[int, int] | None:
-    """(family, model) of the first CPU in /proc/cpuinfo (None where there is none: not Linux)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
-    if not fields.get("cpu family", "").isdigit() or not fields.get("model", "").isdigit():
-        return None
-    return int(fields["cpu family"]), int(fields["model"])
+#: CPUs (``store.cpu_model``) whose kernels round differently from the records' machine
+#: although torch and the capability above are the same: the records' bits are not defined
+#: there. Family 6 model 207 (stop 53, 2026-11-28; AMX and AVX512-FP16, L3 300 MiB):
+#: `pe-bench reproduce results/reference/* --seeds 0 --methods nopos` gave 3 identical, 7
+#: differ, at the HEAD of stop 52, whose CI had passed on another machine (train losses 1e-7
+#: apart after one epoch; nuscenes 1e-3). A denylist, not an allowlist: the records predate
+#: env.json's ``cpu_model``, so their own CPU is unknown, and this keeps the check running
+#: wherever they may reproduce (a CPU in this list cannot be the records' machine).
+OTHER_ARITHMETIC_CPUS = {"family 6 model 207"}
 
 
 def _other_arithmetic() -> str | None:
@@ -81,8 +68,8 @@ def _other_arithmetic() -> str | None:
     capability = torch.backends.cpu.get_cpu_capability()
     if capability != RECORDS_CPU or not torch.__version__.startswith(RECORDS_TORCH):
         return f"this is torch {torch.__version__} on {capability}"
-    if cpu_model() in OTHER_ARITHMETIC_CPUS:
-        return f"this CPU ({OTHER_ARITHMETIC_CPUS[cpu_model()]}) rounds differently with them"
+    if store.cpu_model() in OTHER_ARITHMETIC_CPUS:
+        return f"this CPU ({store.cpu_model()}) rounds differently with them"
     return None
 
 

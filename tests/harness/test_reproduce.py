@@ -85,6 +85,26 @@ def test_environment_comparison_skips_what_old_records_lack() -> None:
     # records from stop 44 on name the CPU kernels' instruction set: another one sums in another order
     assert environment_differences(stored | {"cpu_kernels": "AVX2"}, now | {"cpu_kernels": "AVX512"}) == [
         "cpu_kernels: stored AVX2, now AVX512", "code: stored aaaaaaa, now bbbbbbb"]  # fmt: skip
+    # and from stop 53 on the CPU itself: one instruction set, two CPUs, two roundings
+    now_cpu = now | {"cpu_model": "family 6 model 207"}
+    assert environment_differences(stored, now_cpu) == ["code: stored aaaaaaa, now bbbbbbb"]
+    assert environment_differences(stored | {"cpu_model": "family 6 model 143"}, now_cpu) == [
+        "cpu_model: stored family 6 model 143, now family 6 model 207",
+        "code: stored aaaaaaa, now bbbbbbb",
+    ]
+
+
+def test_the_cpu_model_is_read_from_proc_cpuinfo(monkeypatch, tmp_path) -> None:
+    from pe_bench.harness.grid import store
+
+    assert store.environment()["cpu_model"] == store.cpu_model()
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\n\nprocessor\t: 1\n")
+    real_path = store.Path
+    monkeypatch.setattr(store, "Path", lambda p: info if p == "/proc/cpuinfo" else real_path(p))
+    assert store.cpu_model() == "family 6 model 207"
+    info.write_text("processor\t: 0\nBogoMIPS\t: 50.00\n")  # e.g. aarch64: no family or model
+    assert store.cpu_model() is None
 
 
 def test_a_cell_whose_data_is_missing_is_skipped_with_the_reason(results: Path, monkeypatch, capsys) -> None:
