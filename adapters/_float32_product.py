@@ -24,9 +24,16 @@ certainly changes: TF32 settings no longer matter (bf16 pieces are exact in TF32
 On CUDA the matmuls are ``torch.bmm(..., out_dtype=torch.float32)``: bf16 inputs, float32
 sums and output. Elsewhere (CPU, and CUDA builds without that overload) the bf16 pieces are
 multiplied as float32 numbers, the same exact products with float32 sums.
+
+Keys shared by the batch (a grid every sample shares) multiply head-major when that writes
+less (below, ``_head_major_pays``): one GEMM per head over the whole batch's rows, instead of
+a copy of the keys' pieces per sample. And keys prepared once (``keys_for_product``) serve
+several products: the chunks of queries of one attention call at long sequences.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -45,43 +52,137 @@ def pieces(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return hi, mid, (rest - mid).to(PIECE_DTYPE)
 
 
-def _wide_matmul(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b for bf16 (..., n, k) and (..., k, m), b's leading dimensions broadcast to a's,
-    in float32: exact products, float32 sums."""
+class Float32Keys(NamedTuple):
+    """The right-hand side b of ``float32_product`` in the form its matmuls read, prepared
+    once (``keys_for_product``) for every product with it: PaPE's key features, which the
+    chunks of queries of one attention call all multiply (``shared_by_query_chunks``)."""
+
+    value: Tensor  #: b itself, float32 (B or 1, H, m, w): what its gradient is the gradient of
+    product: Tensor  #: the six-piece arrangement of the forward, one (6w, m) matrix per (sample,) head
+    backward: Tensor | None  #: hi, mid and lo side by side, (m, 3w) per (sample,) head; None: no gradient
+
+
+def keys_for_product(b: Tensor) -> Float32Keys:
+    """b (float32, (B or 1, H, m, w)) split into pieces and arranged for the matmuls, in
+    their operand dtype (``_operand``), one matrix per sample and head (per head when the
+    batch shares b). The backward's arrangement only when autograd is on."""
+    hi, mid, lo = pieces(b)
+    product = _operand(torch.cat([hi, mid, hi, lo, hi, mid], dim=-1)).transpose(-1, -2).flatten(0, 1)
+    backward = _operand(torch.cat([hi, mid, lo], dim=-1)).flatten(0, 1) if torch.is_grad_enabled() else None
+    return Float32Keys(b, product, backward)
+
+
+def _operand(x: Tensor) -> Tensor:
+    """A bf16 matmul operand as ``_wide_bmm`` reads it: as it is on CUDA with the
+    float32-output bmm, else as float32 numbers (exactly the same values)."""
+    return x if x.is_cuda and _WIDE_BMM else x.float()
+
+
+def _wide_bmm(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for bf16 (G, n, k) and (G, k, m) (or their float32 ``_operand`` forms), in
+    float32: exact products, float32 sums."""
+    a, b = _operand(a), _operand(b)
     with torch.autocast(a.device.type, enabled=False):
-        if a.device.type == "cuda" and _WIDE_BMM:
-            lead = a.shape[:-2]
-            b = b.expand(*lead, *b.shape[-2:])
-            out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype=torch.float32)
-            return out.view(*lead, *out.shape[-2:])
-        return a.float() @ b.float()
+        if a.dtype == PIECE_DTYPE:
+            return torch.bmm(a, b, out_dtype=torch.float32)
+        return torch.bmm(a, b)
+
+
+# The matmuls run one GEMM per key matrix. Keys shared by the batch (PaPE's, on a grid every
+# sample shares) are one matrix per head, and two layouts of the rows are possible:
+# * head-major: all samples' rows of a head, (H, B, n, .) as (H, B * n, .), in one GEMM with
+#   that head's matrix. The keys' gradient, a sum over the batch, is then part of the GEMM's
+#   contraction, but the (B, H, n, m) gradient must be copied into that order: B H m (2 n)
+#   bytes;
+# * per sample (B x H GEMMs): the keys' pieces are copied B times (6 w and 3 w bf16 columns),
+#   and the keys' gradient comes as B float32 products (3 w) and piece sums (2 w) summed
+#   afterwards: B H m (18 w + 20 w) bytes.
+# Head-major therefore pays when 19 w > n (``_head_major_pays``), and always without autograd,
+# which has no gradient to copy: PaPE at m = 50 (w = 101) at ViT-B's 197 tokens; not PaPE-RI
+# (w = 4). Measured bytes written per bf16 training step at batch 8 (ViT-B, CPU): PaPE's bias
+# form 9,181 -> 8,085 MiB; PaPE-RI's would rise by 38 MiB, so it keeps the per-sample layout.
+
+
+def _head_major_pays(a: Tensor, b: Tensor, training: bool) -> bool:
+    """Whether ``float32_product`` lays its rows out head-major (the comment above)."""
+    shared = b.shape[0] == 1 and a.shape[0] > 1
+    return shared and (not training or 19 * a.shape[-1] > a.shape[-2])
+
+
+def _per_pair(keys: Tensor, batch: int, heads: int) -> Tensor:
+    """The keys' (G, ., .) matrices, one per sample and head: copied over the batch when the
+    batch shares them (G = H)."""
+    if keys.shape[0] == batch * heads:
+        return keys
+    return keys.unsqueeze(0).expand(batch, *keys.shape).reshape(batch * heads, *keys.shape[1:])
+
+
+def _head_major(x: Tensor, shared: bool) -> Tensor:
+    """(B, H, ...) viewed as the matmuls' order of rows: (H, B, ...) when the keys are
+    shared by the batch, else as it is (see above)."""
+    return x.transpose(0, 1) if shared else x
+
+
+def _contiguous_as(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """x in ``dtype``, laid out contiguously, in one pass (``to`` alone keeps x's strides)."""
+    return x.contiguous() if x.dtype == dtype else x.to(dtype, memory_format=torch.contiguous_format)
 
 
 class _Float32Product(torch.autograd.Function):
-    """a @ b^T for float32 a (B, ..., n, w) and b (B or 1, ..., m, w), rounded to ``out_dtype``."""
+    """a @ b^T for float32 a (B, H, n, w) and b (B or 1, H, m, w), rounded to ``out_dtype``;
+    b arrives with its pieces (``Float32Keys``)."""
 
     @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor, out_dtype: torch.dtype) -> Tensor:
-        a_hi, a_mid, a_lo = a_pieces = pieces(a)
-        b_hi, b_mid, b_lo = b_pieces = pieces(b)
-        # the backward's operands: each side's three pieces side by side, so that one matmul
-        # reads the N x N gradient once per side
-        ctx.save_for_backward(torch.cat(a_pieces, dim=-1), torch.cat(b_pieces, dim=-1))
-        left = torch.cat([a_hi, a_hi, a_mid, a_hi, a_lo, a_mid], dim=-1)
-        right = torch.cat([b_hi, b_mid, b_hi, b_lo, b_hi, b_mid], dim=-1)
-        return _wide_matmul(left, right.transpose(-1, -2)).to(out_dtype)
+    def forward(ctx, a: Tensor, b: Tensor, keys: Float32Keys, out_dtype: torch.dtype) -> Tensor:
+        batch, heads = a.shape[:2]
+        training = keys.backward is not None
+        shared = _head_major_pays(a, b, training)
+        # pieces of a in the matmuls' order of rows: the concatenations below write them so
+        a_hi, a_mid, a_lo = a_pieces = pieces(_head_major(a, shared))
+        if training:
+            # the backward's operands: each side's three pieces side by side, so that one
+            # matmul reads the N x N gradient once per side
+            ctx.shared, ctx.key_batch = shared, b.shape[0]
+            key_pieces = keys.backward if shared else _per_pair(keys.backward, batch, heads)
+            ctx.save_for_backward(_operand(_rows(torch.cat(a_pieces, dim=-1), shared)), key_pieces)
+        left = _rows(torch.cat([a_hi, a_hi, a_mid, a_hi, a_lo, a_mid], dim=-1), shared)
+        right = keys.product if shared else _per_pair(keys.product, batch, heads)
+        return _contiguous_as(_unrows(_wide_bmm(left, right), batch, heads, shared), out_dtype)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None, None]:
+        if not ctx.saved_tensors:
+            raise RuntimeError(
+                "float32_product: its keys were prepared without autograd (keys_for_product"
+                " under no_grad); prepare them where the gradient is wanted"
+            )
         a_pieces, b_pieces = ctx.saved_tensors
+        batch, heads, _, m = grad.shape
         # rounding the gradient to bf16 is a relative error of each pair's own term (none
-        # when it comes from SDPA in bf16); the pieces of a and b keep their 24 bits
-        grad = grad.to(PIECE_DTYPE)
-        d_a = _sum_of_pieces(_wide_matmul(grad, b_pieces))
-        d_b = _sum_of_pieces(_wide_matmul(grad.transpose(-1, -2), a_pieces))
-        if b_pieces.shape[0] != d_b.shape[0]:  # b shared by the batch: its gradient summed over it
+        # when it comes from SDPA in bf16); the pieces of a and b keep their 24 bits.
+        # Head-major, the gradient is laid out so first: one copy of it, in the pass that
+        # rounds it if it is not bf16 already.
+        rows = _rows(_contiguous_as(_head_major(grad, ctx.shared), PIECE_DTYPE), ctx.shared)
+        d_a = _unrows(_sum_of_pieces(_wide_bmm(rows, b_pieces)), batch, heads, ctx.shared)
+        # head-major, the contraction runs over the whole batch's rows: their gradient's sum
+        d_b = _sum_of_pieces(_wide_bmm(rows.transpose(-1, -2), a_pieces))
+        d_b = d_b.view(-1, heads, m, d_b.shape[-1])
+        if d_b.shape[0] != ctx.key_batch:  # per sample, keys shared by the batch: summed over it
             d_b = d_b.sum(0, keepdim=True)
-        return d_a, d_b, None
+        return d_a, d_b, None, None
+
+
+def _rows(x: Tensor, shared: bool) -> Tensor:
+    """(B, H, n, k), or its ``_head_major`` view (H, B, n, k) when ``shared``, laid out
+    contiguously in that order -> (G, rows, k): each key matrix's block of rows (a view)."""
+    return x.flatten(1, 2) if shared else x.flatten(0, 1)
+
+
+def _unrows(x: Tensor, batch: int, heads: int, shared: bool) -> Tensor:
+    """``_rows``' inverse: (G, rows, k) -> (B, H, n, k), a view (strided when ``shared``)."""
+    if shared:
+        return x.view(heads, batch, -1, x.shape[-1]).transpose(0, 1)
+    return x.view(batch, heads, -1, x.shape[-1])
 
 
 def _sum_of_pieces(products: Tensor) -> Tensor:
@@ -90,9 +191,11 @@ def _sum_of_pieces(products: Tensor) -> Tensor:
     return hi + mid + lo
 
 
-def float32_product(a: Tensor, b: Tensor, out_dtype: torch.dtype = torch.float32) -> Tensor:
+def float32_product(a: Tensor, b: Tensor | Float32Keys, out_dtype: torch.dtype = torch.float32) -> Tensor:
     """a @ b^T for float32 a (B, H, n, w) and b (B or 1, H, m, w), to float32 accuracy on the
     16-bit matrix units (module doc), with its gradients, rounded once to ``out_dtype``. A
     16-bit ``out_dtype`` (the bias as SDPA takes it) keeps the N x N product and its gradient
-    out of float32: its gradient then arrives in 16 bits, instead of cast up and down again."""
-    return _Float32Product.apply(a, b, out_dtype)
+    out of float32: its gradient then arrives in 16 bits, instead of cast up and down again.
+    ``b`` may come prepared (``keys_for_product``) when several products share it."""
+    keys = b if isinstance(b, Float32Keys) else keys_for_product(b)
+    return _Float32Product.apply(a, keys.value, keys, out_dtype)

@@ -156,6 +156,9 @@ class AttentionInputs:
     #: the q and k projections: q and k arrive already multiplied by it, and ``transform_qk``
     #: must not apply it again
     qk_in_basis: bool = False
+    #: values of the keys alone that the chunks of queries of one attention call share
+    #: (:func:`shared_by_query_chunks`); None outside such a call
+    key_memo: dict | None = None
 
     def for_queries(self, rows: Tensor | slice) -> AttentionInputs:
         """These inputs for the queries ``rows`` only (every key stays; in self-attention the
@@ -189,6 +192,24 @@ def shared_per_forward(inputs: AttentionInputs, name: Hashable, compute: Callabl
     if entry is None or entry[0] is not inputs.key:  # the layout itself guards against a reused id
         entry = memo[slot] = (inputs.key, compute())
     return entry[1]
+
+
+def shared_by_query_chunks(inputs: AttentionInputs, name: Hashable, compute: Callable[[], Shared]) -> Shared:
+    """``compute()``, evaluated once per attention call for all its chunks of queries (the
+    dense path's ``query_chunks``, which gives them one ``key_memo``): values of the keys
+    alone, such as PaPE's key features, which every chunk would compute again from the same
+    keys. Outside a chunked call, ``compute()``. ``name`` must name everything the value
+    depends on besides the keys and this layer (one memo serves one layer's call).
+
+    Not :func:`shared_per_forward`: that memo is the query layout's, and a chunk's query
+    layout is a new one; and values here may depend on the layer's parameters (PaPE's W_p).
+    """
+    memo = inputs.key_memo
+    if memo is None:
+        return compute()
+    if name not in memo:
+        memo[name] = compute()
+    return memo[name]
 
 
 def _shared_over_batch(t: Tensor | None) -> bool:

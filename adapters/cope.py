@@ -62,6 +62,7 @@ from .base import (
     LayerEncoding,
     PositionLayout,
     Principle,
+    shared_by_query_chunks,
     shared_per_forward,
 )
 from .registry import register
@@ -179,8 +180,12 @@ class CoPELayer(LayerEncoding):
         gates = torch.sigmoid(logits.to(counting))
         if inputs.causal:
             gates = gates * causal_keep(q.shape[-2], k.shape[-2], q.device).to(gates.dtype)
-        # positions only: once per forward for every layer (the memo is keyed by the key layout)
-        bins = shared_per_forward(inputs, "cope-bins", lambda: self._count_bins(key))
+        # positions only: once per forward for every layer (the memo is keyed by the key
+        # layout), and once per attention call in chunks of queries, whose layouts are new
+        # ones without that memo (65,536 tokens: 385 chunks per layer would sort them again)
+        bins = shared_by_query_chunks(
+            inputs, "cope-bins", lambda: shared_per_forward(inputs, "cope-bins", lambda: self._count_bins(key))
+        )
         return suffix_counts(gates, bins)
 
     @staticmethod

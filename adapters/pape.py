@@ -84,7 +84,7 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from ._flex import indexed_once
-from ._float32_product import float32_product
+from ._float32_product import float32_product, keys_for_product
 from .base import (
     AttentionInputs,
     EncodingOptions,
@@ -96,6 +96,7 @@ from .base import (
     grid_tiles,
     group_centred_coords,
     key_centred_coords,
+    shared_by_query_chunks,
     shared_per_forward,
 )
 from .registry import register
@@ -210,19 +211,22 @@ def _joined_and_padded(parts: list[Tensor], multiple: int) -> Tensor:
     return torch.cat([t.expand(*lead, -1) for t in parts], dim=-1)
 
 
-def positional_bias(q_extra: Tensor, k_extra: Tensor, q: Tensor) -> Tensor:
+def positional_bias(q_extra: Tensor, k_extra: Tensor, q: Tensor, inputs: AttentionInputs) -> Tensor:
     """<q_extra_i, k_extra_j> / sqrt(head_dim), the efficient form's positional logits, as a
     (B, H, Nq, Nk) bias for the 16-bit heads ``q``, outside autocast, which would run the
     product in 16 bits and cancel the parabola's terms there. Float32 features multiply on
     the 16-bit matrix units to float32 accuracy (``_float32_product``: each number as three
     bf16 pieces, so TF32 settings do not touch them), and the sum is rounded once, to q's
     dtype, in which SDPA takes the bias; float64 ones (tests) multiply as they are, in
-    float64."""
+    float64. The keys' pieces are cut once per attention call (``shared_by_query_chunks``)."""
     # the scale on the (.., N, 2m + 1) features, not on the N x N product: a pass over the
     # smaller tensor, forward and backward (exact for a power-of-two head width)
     scaled = q_extra / math.sqrt(q.shape[-1])
     if scaled.dtype == torch.float32:
-        return float32_product(scaled, k_extra.to(torch.float32), out_dtype=q.dtype)
+        keys = shared_by_query_chunks(
+            inputs, "positional-bias-keys", lambda: keys_for_product(k_extra.to(torch.float32))
+        )
+        return float32_product(scaled, keys, out_dtype=q.dtype)
     with torch.autocast(q_extra.device.type, enabled=False):
         return scaled @ k_extra.to(scaled.dtype).transpose(-1, -2)
 
@@ -289,8 +293,9 @@ class ParabolicLayer(LayerEncoding):
         ``frame_tile`` on this tile's queries (``inputs`` then holds one tile's queries)."""
         r_q, r_k = frame_coords(self.options, inputs, self.frame_dtype(inputs))
         s_q = self.project(r_q)
-        s_k = s_q if r_k is r_q else self.project(r_k)
-        return s_q, s_k
+        if r_k is r_q:
+            return s_q, s_q
+        return s_q, shared_by_query_chunks(inputs, ("pape-s-k", r_k.dtype), lambda: self.project(r_k))
 
     def query_groups(self, inputs: AttentionInputs) -> list[Tensor] | None:
         return frame_tiles(self.options, inputs)
@@ -318,7 +323,8 @@ class ParabolicLayer(LayerEncoding):
 
     def _extra_features(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         """The efficient form's positional features f_q (B, H, Nq, 2m + 1) and f_k (B or 1,
-        H, Nk, 2m + 1) in the frame's dtype, zero for tokens without a position."""
+        H, Nk, 2m + 1) in the frame's dtype, zero for tokens without a position. f_k once per
+        attention call when its queries come in chunks (``shared_by_query_chunks``)."""
         s_q, s_k = self._frame(inputs)
         # a query's every feature is a or b times something, so with a and b zeroed for
         # queries without a position their features are 0 with no pass of their own
@@ -326,14 +332,12 @@ class ParabolicLayer(LayerEncoding):
         # Features in the frame's dtype (at least float32): the cancellation happens there.
         # Each term is built once, without zero-initialised accumulators (0 + x and 0 - x
         # are x and -x exactly, so this gives the bits of the sum written out term by term).
-        q_parts, k_parts = [], [torch.ones_like(s_k[..., :1])]
-        offset_q = None
+        q_parts, offset_q, square = [], None, None
         if a is not None:
             square = s_q.square()
             offset_q = (a * square).sum(-1, keepdim=True)
             a_s = a * s_q
             q_parts.append(a)
-            k_parts.append(square if s_k is s_q else s_k.square())
         if b is not None:
             offset_b = (b * s_q).sum(-1, keepdim=True)
             offset_q = -offset_b if offset_q is None else offset_q - offset_b
@@ -343,13 +347,25 @@ class ParabolicLayer(LayerEncoding):
             linear_q = a_s * -2 if b is None else torch.add(b, a_s, alpha=-2)
         if offset_q is None:  # neither term (an ablation of both): the positional columns are 0
             offset_q, linear_q = torch.zeros_like(s_q[..., :1]), torch.zeros_like(s_q)
-        q_parts = [offset_q, *q_parts, linear_q]
-        k_parts.append(s_k)
-        return torch.cat(q_parts, dim=-1), positioned_keys(torch.cat(k_parts, dim=-1), inputs)
+        q_extra = torch.cat([offset_q, *q_parts, linear_q], dim=-1)
+        square_k = square if s_k is s_q else None  # self-attention: the queries' squares are the keys'
+        k_extra = shared_by_query_chunks(
+            inputs, ("pape-key-features", s_k.dtype), lambda: self._key_features(s_k, square_k, inputs)
+        )
+        return q_extra, k_extra
+
+    def _key_features(self, s_k: Tensor, square: Tensor | None, inputs: AttentionInputs) -> Tensor:
+        """f_k = 1 ⊕ s_k^2 ⊕ s_k (without s_k^2 when the quadratic term is ablated), zero for
+        keys without a position; ``square``: s_k^2 when already computed."""
+        parts = [torch.ones_like(s_k[..., :1])]
+        if self.options.quadratic:
+            parts.append(s_k.square() if square is None else square)
+        parts.append(s_k)
+        return positioned_keys(torch.cat(parts, dim=-1), inputs)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
         if self.options.positional_bias_form(q):
-            return positional_bias(*self._extra_features(inputs), q)
+            return positional_bias(*self._extra_features(inputs), q, inputs)
         if self.options.form != "explicit":
             return None
         s_q, s_k = self._frame(inputs)

@@ -64,7 +64,14 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from .base import AttentionInputs, LayerEncoding, PositionEncoding, Principle, first_sample_if_shared
+from .base import (
+    AttentionInputs,
+    LayerEncoding,
+    PositionEncoding,
+    Principle,
+    first_sample_if_shared,
+    shared_by_query_chunks,
+)
 from .pape import (
     WidenedFormOptions,
     frame_coords,
@@ -137,24 +144,36 @@ class ParabolicRILayer(LayerEncoding):
         """The efficient form's positional features f_q (B, H, Nq, P + 2) and f_k (B or 1, H,
         Nk, P + 2), float32 at least, zero for tokens without a position."""
         r_q, r_k = self._positions(inputs)
-        w_p = self.w_p[None, :, None, None]
-        s_q = w_p * r_q.unsqueeze(1)  # (B, H, Nq, P)
-        s_k = s_q if r_k is r_q else w_p * r_k.unsqueeze(1)
+        s_q = self._scaled(r_q)  # (B, H, Nq, P)
         # α (16-bit under autocast) joins the frame's dtype first, so that its gradient's
         # terms add up there and not in 16 bits (pape.py's _extra_features).
         alpha = self.alpha(inputs).to(s_q.dtype)
         norm_q = s_q.square().sum(-1, keepdim=True)
-        norm_k = norm_q if s_k is s_q else s_k.square().sum(-1, keepdim=True)
         q_extra = torch.cat([alpha * norm_q, alpha, -2 * alpha * s_q], dim=-1)
-        k_extra = positioned_keys(torch.cat([torch.ones_like(s_k[..., :1]), norm_k, s_k], dim=-1), inputs)
+        if r_k is r_q:  # self-attention: the keys' features are the queries'
+            return q_extra, self._key_features(s_q, norm_q, inputs)
+        # once per attention call when its queries come in chunks (pape.py's _extra_features)
+        k_extra = shared_by_query_chunks(
+            inputs, ("pape-ri-key-features", r_k.dtype), lambda: self._key_features(self._scaled(r_k), None, inputs)
+        )
         return q_extra, k_extra
+
+    def _scaled(self, r: Tensor) -> Tensor:
+        """s = w_p r per head: (B, N, P) -> (B, H, N, P)."""
+        return self.w_p[None, :, None, None] * r.unsqueeze(1)
+
+    def _key_features(self, s_k: Tensor, norm: Tensor | None, inputs: AttentionInputs) -> Tensor:
+        """f_k = 1 ⊕ |s_k|^2 ⊕ s_k, zero for keys without a position; ``norm``: |s_k|^2 when
+        already computed."""
+        norm = s_k.square().sum(-1, keepdim=True) if norm is None else norm
+        return positioned_keys(torch.cat([torch.ones_like(s_k[..., :1]), norm, s_k], dim=-1), inputs)
 
     def dense_bias_elements(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> int:
         return pape_bias_elements(self.options, q, k, per_pair=1)
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor | None:
         if self.options.positional_bias_form(q):
-            return positional_bias(*self._extra_features(inputs), q)
+            return positional_bias(*self._extra_features(inputs), q, inputs)
         if self.options.form != "explicit":
             return None
         r_q, r_k = self._positions(inputs)

@@ -235,6 +235,70 @@ def test_float32_product_on_bf16_pieces_is_float32_accurate():
     assert torch.equal(a.grad, grads[0]) and torch.equal(b.grad, grads[1])
 
 
+def test_float32_product_with_prepared_keys_is_the_product_with_its_gradients():
+    """Keys cut into pieces once (``keys_for_product``, what the chunks of queries of one
+    attention call share) give every chunk the bits of the whole product, and the chunks'
+    gradients add up to the whole's for the shared keys. Prepared without autograd they hold
+    no backward operands, and a backward through them is refused by name."""
+    from pe_bench.adapters._float32_product import float32_product, keys_for_product
+
+    torch.manual_seed(0)
+    a = (torch.randn(2, 3, 40, 21) * 30).requires_grad_()
+    b = (torch.randn(1, 3, 50, 21) * 30).requires_grad_()
+    upstream = torch.randn(2, 3, 40, 50).bfloat16()
+    whole = float32_product(a, b, out_dtype=torch.bfloat16)
+    whole.backward(upstream)
+    grads, a.grad, b.grad = (a.grad, b.grad), None, None
+
+    keys = keys_for_product(b)
+    parts = [float32_product(a[:, :, rows], keys, out_dtype=torch.bfloat16) for rows in (slice(0, 13), slice(13, 40))]
+    assert torch.equal(torch.cat(parts, dim=2), whole.detach())
+    torch.autograd.backward(parts, [upstream[:, :, :13], upstream[:, :, 13:]])
+    torch.testing.assert_close(a.grad, grads[0], rtol=0, atol=0)
+    assert float((b.grad - grads[1]).norm() / grads[1].norm()) < 1e-6  # float32 sums of two parts, not one
+
+    with torch.no_grad():
+        frozen = keys_for_product(b)
+    assert frozen.backward is None
+    with pytest.raises(RuntimeError, match="keys were prepared without autograd"):
+        float32_product(a, frozen).sum().backward()
+
+
+@pytest.mark.parametrize("width", [2, 101])
+def test_float32_product_lays_out_shared_keys_either_way_with_the_same_result(width, monkeypatch):
+    """Keys shared by the batch multiply head-major (one GEMM per head over the whole batch's
+    rows) or per sample (the keys copied over the batch), whichever writes less
+    (``_head_major_pays``: head-major when 19 w > n, and always without autograd): both
+    layouts give the float64 product and gradients to float32 accuracy, and each other's."""
+    from pe_bench.adapters import _float32_product
+
+    torch.manual_seed(0)
+    a = (torch.randn(3, 2, 40, width) * 30).requires_grad_()
+    b = (torch.randn(1, 2, 30, width) * 30).requires_grad_()
+    upstream = torch.randn(3, 2, 40, 30).bfloat16()
+    exact_a, exact_b = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    exact = exact_a @ exact_b.transpose(-1, -2)
+    exact.backward(upstream.double())
+    scale = (exact_a.detach().abs() @ exact_b.detach().abs().transpose(-1, -2)).max()
+    # the rule: 19 w > n decides under autograd (n = 40 queries per sample here)
+    assert _float32_product._head_major_pays(a, b, training=True) == (19 * width > 40)
+    assert _float32_product._head_major_pays(a, b, training=False)
+    assert not _float32_product._head_major_pays(a, b.expand(3, -1, -1, -1), training=False)
+    results = []
+    for head_major in (True, False):
+        monkeypatch.setattr(_float32_product, "_head_major_pays", lambda *args, choice=head_major: choice)
+        a.grad = b.grad = None
+        out = _float32_product.float32_product(a, b)
+        out.backward(upstream.float())
+        assert out.is_contiguous() and out.shape == (3, 2, 40, 30)
+        assert float((out.detach().double() - exact.detach()).abs().max() / scale) < 2**-21
+        for mine, reference in ((a.grad, exact_a.grad), (b.grad, exact_b.grad)):
+            assert float((mine.double() - reference).norm() / reference.norm()) < 2**-20
+        results.append((out.detach(), a.grad, b.grad))
+    for head_major, per_sample in zip(*results, strict=True):
+        assert float((head_major - per_sample).norm() / per_sample.norm()) < 1e-6
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_float32_product_on_cuda_runs_on_the_matrix_units_and_matches(monkeypatch):

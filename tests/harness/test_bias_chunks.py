@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pe_bench.adapters import Geometry, PositionLayout, build
+from pe_bench.adapters import Geometry, PositionLayout, build, cope, pape, pape_ri
 from pe_bench.harness.attention import (
     DENSE_BIAS_CHUNK_ELEMENTS,
     Attention,
@@ -80,6 +80,42 @@ def test_the_bias_in_chunks_of_queries_is_the_whole_bias(name, options, dtype, m
     assert _relative(chunked, whole) < bound
     for new, ref in zip(chunked_grads, whole_grads, strict=True):
         assert _relative(new, ref) < bound
+
+
+#: (method, options, dtype, where the key-side computation lives, its name): it must run
+#: once per attention call
+KEY_SIDE = [
+    ("pape", {"low_precision": "bias"}, torch.float32, pape, "keys_for_product"),
+    ("pape", {"low_precision": "bias"}, torch.float32, pape.ParabolicLayer, "_key_features"),
+    ("pape-ri", {"low_precision": "bias"}, torch.float32, pape_ri.ParabolicRILayer, "_key_features"),
+    ("cope", {}, torch.float64, cope, "lexicographic_ranks"),
+]
+
+
+@pytest.mark.parametrize(("name", "options", "dtype", "holder", "target"), KEY_SIDE, ids=lambda v: str(v) if v else "")
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_the_chunks_build_the_key_side_once(name, options, dtype, holder, target, grad, monkeypatch):
+    """What depends on the keys alone (PaPE's key features and their bf16 pieces, CoPE's
+    ranks) is built once per attention call, not once per chunk of queries: the chunks share
+    the call's ``key_memo``. The outputs are those of the whole bias (the test above checks
+    it with gradients; here the memo's own no_grad form too)."""
+    layer, layout = _layer(name, options, dtype)
+    x = torch.randn(BATCH, TOKENS, DIM, dtype=dtype)
+    original, calls = getattr(holder, target), []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(holder, target, counted)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.float32)
+    with torch.set_grad_enabled(grad), autocast:
+        whole = layer(x, layout.sharing_features())
+        whole_calls, calls[:] = len(calls), []
+        with dense_bias_chunk_elements(50):  # one query per chunk: TOKENS chunks
+            chunked = layer(x, layout.sharing_features())
+    assert whole_calls == 1 and len(calls) == 1
+    assert _relative(chunked.detach(), whole.detach()) < (1e-12 if dtype == torch.float64 else 1e-2)
 
 
 def test_cross_attention_in_chunks_of_queries():
