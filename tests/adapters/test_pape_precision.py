@@ -299,6 +299,41 @@ def test_float32_product_lays_out_shared_keys_either_way_with_the_same_result(wi
         assert float((head_major - per_sample).norm() / per_sample.norm()) < 1e-6
 
 
+@pytest.mark.parametrize("head_major", [True, False])
+def test_float32_product_cuda_branch_with_bf16_operands_matches_the_cpu_branch(head_major, monkeypatch):
+    """The branch CUDA runs (bf16 operands kept as they are, ``bmm(..., out_dtype=float32)``),
+    here on the CPU with that bmm emulated by float32 products of the same bf16 numbers: the
+    same values, forward and gradients, in both layouts, as the CPU branch. It checks the
+    CUDA branch's layout and operand handling where no GPU is (the `gpu` test below checks
+    the real kernel)."""
+    from pe_bench.adapters import _float32_product
+
+    torch.manual_seed(0)
+    a, b = torch.randn(3, 2, 40, 101) * 30, torch.randn(1, 2, 30, 101) * 30
+    upstream = torch.randn(3, 2, 40, 30).bfloat16()
+    monkeypatch.setattr(_float32_product, "_head_major_pays", lambda *args: head_major)
+    real_bmm, operands = torch.bmm, []
+
+    def emulated_bmm(x, y, out_dtype=None):
+        operands.append((x.dtype, y.dtype))
+        return real_bmm(x.float(), y.float()) if out_dtype == torch.float32 else real_bmm(x, y)
+
+    results = []
+    for cuda_branch in (False, True):
+        if cuda_branch:
+            monkeypatch.setattr(_float32_product, "_operand", lambda x: x)
+            monkeypatch.setattr(torch, "bmm", emulated_bmm)
+        a_, b_ = a.clone().requires_grad_(), b.clone().requires_grad_()
+        out = _float32_product.float32_product(a_, b_, out_dtype=torch.bfloat16)
+        out.backward(upstream)
+        results.append((out.detach(), a_.grad, b_.grad))
+    assert operands and set(operands) == {(torch.bfloat16, torch.bfloat16)}  # forward and both backward products
+    assert len(operands) == 3
+    for cpu, cuda in zip(*results, strict=True):
+        assert cpu.shape == cuda.shape
+        torch.testing.assert_close(cuda, cpu, rtol=1e-6, atol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_float32_product_on_cuda_runs_on_the_matrix_units_and_matches(monkeypatch):
