@@ -31,7 +31,12 @@ Two forms, selected by ``form``:
   and leaves q/k unwidened, exact forward and gradients in 16 bits (pape.py's "Positional
   bias").
 * ``explicit``: α_i w_p^2 ||r_j - r_i||^2 built directly as a (B, H, Nq, Nk) bias from the
-  pairwise distances (independently of the factorisation above): the test oracle.
+  pairwise distances (independently of the factorisation above): the test oracle. Its
+  FlexAttention form (``score_mod``, used on CUDA for large biases) evaluates the same
+  expression per (query, key) pair inside the kernel from α (B, H, Nq), w_p^2 (H) and the
+  P coordinates of each side: memory linear in the tokens. The positional bias form has
+  none: its float32 product of features is the point of it, and a score_mod would compute
+  the pair's distance directly, which is the explicit form.
 
 Initialisation of w_p, selected by ``wp_init`` (the paper states none):
 
@@ -69,6 +74,7 @@ from .base import (
     LayerEncoding,
     PositionEncoding,
     Principle,
+    ScoreMod,
     first_sample_if_shared,
     shared_by_query_chunks,
 )
@@ -181,6 +187,23 @@ class ParabolicRILayer(LayerEncoding):
         out = self.alpha(inputs) * self.w_p.square()[None, :, None, None] * dist2.unsqueeze(1)
         # Like PaPE's Eq. 9, the bias lives inside S, which attention scales by 1/sqrt(h).
         return out * inputs.key.has_pos[:, None, None, :] / math.sqrt(q.shape[-1])
+
+    def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod | None:
+        if self.options.form != "explicit":
+            return None  # the efficient form has no bias, the positional bias form no Flex form
+        # positions shared by the batch (one sample, first_sample_if_shared) indexed per sample
+        r_q, r_k = (r.expand(q.shape[0], -1, -1) for r in self._positions(inputs))
+        # α and w_p^2 each read once per pair (Inductor's Flex backward takes a tensor that
+        # requires gradients indexed once only: _flex.indexed_once)
+        alpha = self.alpha(inputs).squeeze(-1)  # (B, H, Nq), zero for queries without a position
+        weight = self.w_p.square() / math.sqrt(q.shape[-1])  # Eq. 9's bias sits inside S: 1/sqrt(h)
+        has_k, axes = inputs.key.has_pos, r_q.shape[-1]
+
+        def parabola(score: Tensor, n: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            dist2 = sum((r_k[n, j, p] - r_q[n, i, p]).square() for p in range(axes))
+            return score + torch.where(has_k[n, j], alpha[n, h, i] * weight[h] * dist2, 0.0).to(score.dtype)
+
+        return parabola
 
 
 @register("pape-ri")

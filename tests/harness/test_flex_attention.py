@@ -25,6 +25,8 @@ FLEX_ENCODINGS = [
     ("relpos", {"window": 2}),  # offsets beyond the window share the edge cells
     ("pape", {"form": "explicit", "m": 6}),
     ("pape", {"form": "explicit", "m": 3, "linear": False}),
+    ("pape-ri", {"form": "explicit"}),
+    ("pape-ri", {"form": "explicit", "wp_init": "geometric"}),  # a learned w_p: its gradient through Flex
     ("sape2", {}),
     ("sape2", {"mode": "q"}),
     ("lookhere", {}),  # 4 heads: LH-90's four quadrants
@@ -94,7 +96,14 @@ def test_flex_equals_the_dense_bias_reference(name, options, dtype, tol, padded,
     assert (_forward(unbiased, x, layout, "dense") - dense).abs().max() > 100 * tol
 
 
-CAUSAL = [("alibi", {}), ("relpos", {}), ("pape", {"form": "explicit", "m": 4}), ("sape2", {}), ("lookhere", {})]
+CAUSAL = [
+    ("alibi", {}),
+    ("relpos", {}),
+    ("pape", {"form": "explicit", "m": 4}),
+    ("pape-ri", {"form": "explicit"}),
+    ("sape2", {}),
+    ("lookhere", {}),
+]
 
 
 @pytest.mark.parametrize(("name", "options"), CAUSAL)
