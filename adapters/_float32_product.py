@@ -141,17 +141,20 @@ class _Float32Product(torch.autograd.Function):
         a_hi, a_mid, a_lo = a_pieces = pieces(_head_major(a, shared))
         if training:
             # the backward's operands: each side's three pieces side by side, so that one
-            # matmul reads the N x N gradient once per side
+            # matmul reads the N x N gradient once per side; a's gradient needs b's pieces and
+            # b's needs a's, so a side without a gradient leaves the other's out
             ctx.shared, ctx.key_batch = shared, b.shape[0]
+            need_a, need_b = ctx.needs_input_grad[:2]
             key_pieces = keys.backward if shared else _per_pair(keys.backward, batch, heads)
-            ctx.save_for_backward(_operand(_rows(torch.cat(a_pieces, dim=-1), shared)), key_pieces)
+            query_pieces = _operand(_rows(torch.cat(a_pieces, dim=-1), shared)) if need_b else None
+            ctx.save_for_backward(query_pieces, key_pieces if need_a else None)
         left = _rows(torch.cat([a_hi, a_hi, a_mid, a_hi, a_lo, a_mid], dim=-1), shared)
         right = keys.product if shared else _per_pair(keys.product, batch, heads)
         return _contiguous_as(_unrows(_wide_bmm(left, right), batch, heads, shared), out_dtype)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None, None]:
-        if not ctx.saved_tensors:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+        if not hasattr(ctx, "shared"):
             raise RuntimeError(
                 "float32_product: its keys were prepared without autograd (keys_for_product"
                 " under no_grad); prepare them where the gradient is wanted"
@@ -163,12 +166,17 @@ class _Float32Product(torch.autograd.Function):
         # Head-major, the gradient is laid out so first: one copy of it, in the pass that
         # rounds it if it is not bf16 already.
         rows = _rows(_contiguous_as(_head_major(grad, ctx.shared), PIECE_DTYPE), ctx.shared)
-        d_a = _unrows(_sum_of_pieces(_wide_bmm(rows, b_pieces)), batch, heads, ctx.shared)
-        # head-major, the contraction runs over the whole batch's rows: their gradient's sum
-        d_b = _sum_of_pieces(_wide_bmm(rows.transpose(-1, -2), a_pieces))
-        d_b = d_b.view(-1, heads, m, d_b.shape[-1])
-        if d_b.shape[0] != ctx.key_batch:  # per sample, keys shared by the batch: summed over it
-            d_b = d_b.sum(0, keepdim=True)
+        # each side's product reads the N x N gradient once: skipped for a side without a
+        # gradient (PaPE-RI's keys with its frozen w_p depend on positions alone)
+        d_a = d_b = None
+        if ctx.needs_input_grad[0]:
+            d_a = _unrows(_sum_of_pieces(_wide_bmm(rows, b_pieces)), batch, heads, ctx.shared)
+        if ctx.needs_input_grad[1]:
+            # head-major, the contraction runs over the whole batch's rows: their gradient's sum
+            d_b = _sum_of_pieces(_wide_bmm(rows.transpose(-1, -2), a_pieces))
+            d_b = d_b.view(-1, heads, m, d_b.shape[-1])
+            if d_b.shape[0] != ctx.key_batch:  # per sample, keys shared by the batch: summed over it
+                d_b = d_b.sum(0, keepdim=True)
         return d_a, d_b, None, None
 
 

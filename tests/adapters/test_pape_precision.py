@@ -299,6 +299,27 @@ def test_float32_product_lays_out_shared_keys_either_way_with_the_same_result(wi
         assert float((head_major - per_sample).norm() / per_sample.norm()) < 1e-6
 
 
+@pytest.mark.parametrize("frozen", ["keys", "queries"])
+def test_float32_product_computes_only_the_gradients_asked_for(frozen, monkeypatch):
+    """A side without a gradient (PaPE-RI's keys under its frozen w_p depend on positions
+    alone) costs no backward product: one bmm forward and one backward, and the other side's
+    gradient is still float32-accurate."""
+    from pe_bench.adapters import _float32_product
+
+    torch.manual_seed(0)
+    a = (torch.randn(3, 2, 40, 4) * 30).requires_grad_(frozen != "queries")
+    b = (torch.randn(1, 2, 30, 4) * 30).requires_grad_(frozen != "keys")
+    upstream = torch.randn(3, 2, 40, 30).bfloat16()
+    exact_a, exact_b = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    (exact_a @ exact_b.transpose(-1, -2)).backward(upstream.double())
+    real_bmm, calls = torch.bmm, []
+    monkeypatch.setattr(torch, "bmm", lambda *args, **kwargs: calls.append(1) or real_bmm(*args, **kwargs))
+    _float32_product.float32_product(a, b, out_dtype=torch.bfloat16).backward(upstream)
+    assert len(calls) == 2
+    learned, reference = (a, exact_a) if frozen == "keys" else (b, exact_b)
+    assert float((learned.grad.double() - reference.grad).norm() / reference.grad.norm()) < 2**-20
+
+
 @pytest.mark.parametrize("head_major", [True, False])
 def test_float32_product_cuda_branch_with_bf16_operands_matches_the_cpu_branch(head_major, monkeypatch):
     """The branch CUDA runs (bf16 operands kept as they are, ``bmm(..., out_dtype=float32)``),
