@@ -99,8 +99,10 @@ def _wide_bmm(a: Tensor, b: Tensor) -> Tensor:
 #   afterwards: B H m (18 w + 20 w) bytes.
 # Head-major therefore pays when 19 w > n (``_head_major_pays``), and always without autograd,
 # which has no gradient to copy: PaPE at m = 50 (w = 101) at ViT-B's 197 tokens; not PaPE-RI
-# (w = 4). Measured bytes written per bf16 training step at batch 8 (ViT-B, CPU): PaPE's bias
-# form 9,181 -> 8,085 MiB; PaPE-RI's would rise by 38 MiB, so it keeps the per-sample layout.
+# (w = 4). (Keys without a gradient of their own save only the copies, 9 w > n; the rule keeps
+# 19 w: at w = 101 both hold, at w = 4 neither.) Measured bytes written per bf16 training step
+# at batch 8 (ViT-B, CPU): PaPE's bias form 9,181 -> 8,085 MiB; PaPE-RI's would rise by 38 MiB,
+# so it keeps the per-sample layout.
 
 
 def _head_major_pays(a: Tensor, b: Tensor, training: bool) -> bool:
