@@ -77,7 +77,7 @@ EXPLICIT_BUDGET = 4 * 2**30
 #: bias: the sweep shows their memory staying linear.
 SWEEP_METHODS = {
     "cpu": "nopos,rope,pape,pape[form=explicit]",
-    "cuda": "nopos,rope,rope-mixed,pape,alibi,lookhere,relpos,sape2,cope,pape[form=explicit]",
+    "cuda": "nopos,rope,rope-mixed,pape,alibi,lookhere,relpos,sape2,cope,pape[form=explicit],pape-ri[form=explicit]",
 }
 
 
@@ -86,10 +86,11 @@ def _explicit_pape_bytes(method: str, tokens: int, heads: int) -> float:
 
     spec = parse_method(method)
     options = dict(spec.options)
-    if not spec.name.startswith("pape") or options.get("form") != "explicit":
+    if spec.name not in ("pape", "pape-ri") or options.get("form") != "explicit":
         return 0.0
-    m = options.get("m", 50)
-    return 4.0 * tokens * tokens * heads * (m + 2)
+    # values per pair: PaPE's m differences, PaPE-RI's one squared distance
+    per_pair = options.get("m", 50) if spec.name == "pape" else 1
+    return 4.0 * tokens * tokens * heads * (per_pair + 2)
 
 
 def sweep_table(

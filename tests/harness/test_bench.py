@@ -47,6 +47,18 @@ def test_sweep_measures_each_point_in_a_fresh_process():
     assert "MiB /" in sweep_markdown(sweep.reset_index())
 
 
+def test_the_sweep_estimates_each_explicit_forms_dense_bias_by_its_own_values_per_pair():
+    """The dense Eq. 9 bias the sweep skips past its budget: PaPE's m differences per pair,
+    PaPE-RI's one squared distance (not PaPE's default m = 50), nothing for other forms."""
+    from pe_bench.harness.reports.sweep import _explicit_pape_bytes
+
+    assert _explicit_pape_bytes("pape[form=explicit]", 100, 2) == 4.0 * 100 * 100 * 2 * 52
+    assert _explicit_pape_bytes("pape[form=explicit,m=4]", 100, 2) == 4.0 * 100 * 100 * 2 * 6
+    assert _explicit_pape_bytes("pape-ri[form=explicit]", 100, 2) == 4.0 * 100 * 100 * 2 * 3
+    assert _explicit_pape_bytes("pape", 100, 2) == _explicit_pape_bytes("pape-ri", 100, 2) == 0.0
+    assert _explicit_pape_bytes("alibi", 100, 2) == 0.0
+
+
 def test_sweep_reports_a_failed_or_skipped_point_in_the_table(monkeypatch):
     """A point that dies (out of memory, a kernel error) is a table entry with its reason, and
     the other points are still measured."""
