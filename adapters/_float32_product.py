@@ -147,9 +147,11 @@ class _Float32Product(torch.autograd.Function):
             # b's needs a's, so a side without a gradient leaves the other's out
             ctx.shared, ctx.key_batch = shared, b.shape[0]
             need_a, need_b = ctx.needs_input_grad[:2]
-            key_pieces = keys.backward if shared else _per_pair(keys.backward, batch, heads)
+            key_pieces = None
+            if need_a:
+                key_pieces = keys.backward if shared else _per_pair(keys.backward, batch, heads)
             query_pieces = _operand(_rows(torch.cat(a_pieces, dim=-1), shared)) if need_b else None
-            ctx.save_for_backward(query_pieces, key_pieces if need_a else None)
+            ctx.save_for_backward(query_pieces, key_pieces)
         left = _rows(torch.cat([a_hi, a_hi, a_mid, a_hi, a_lo, a_mid], dim=-1), shared)
         right = keys.product if shared else _per_pair(keys.product, batch, heads)
         return _contiguous_as(_unrows(_wide_bmm(left, right), batch, heads, shared), out_dtype)
