@@ -64,6 +64,7 @@ class Reproduction:
     differences: list[str] = field(default_factory=list)  # the first differing epoch, per column
     environment: list[str] = field(default_factory=list)  # what differs from the stored environment
     skipped: str = ""  # why the cell was not trained again
+    rows: list[dict[str, str]] = field(default_factory=list)  # the metrics.csv rows trained now
 
     @property
     def identical(self) -> bool:
@@ -159,9 +160,14 @@ def effective_differences(stored: dict[str, Any], now: dict[str, Any]) -> list[s
     return lines
 
 
-def reproduce_cell(directory: Path, epochs: int, data_root: Path | None = None, progress: bool = False) -> Reproduction:
+def reproduce_cell(
+    directory: Path, epochs: int, data_root: Path | None = None, progress: bool = False,
+    expected_rows: list[dict[str, str]] | None = None,
+) -> Reproduction:  # fmt: skip
     """Train the cell in ``directory`` again for ``epochs`` epochs (in a temporary folder; the
-    cell is not touched) and compare the rows of its metrics.csv."""
+    cell is not touched) and compare the rows of its metrics.csv, or ``expected_rows`` where
+    given (what another machine's arithmetic makes of the cell: the records sentinel's rows of
+    CPUs that round differently from the records')."""
     cell = store.read_cell(directory)
     record = cell.record
     label = f"{record.task} · {record.method} · seed {record.seed}" if record else str(directory)
@@ -198,7 +204,9 @@ def reproduce_cell(directory: Path, epochs: int, data_root: Path | None = None, 
                 close_loggers(loggers)
             now_env = store.environment()
         now_rows = read_metrics(Path(tmp) / METRICS_FILE) if (Path(tmp) / METRICS_FILE).is_file() else []
-    result.compared, result.differences = compare_rows(read_metrics(Path(directory) / METRICS_FILE), now_rows, epochs)
+    result.rows = now_rows
+    stored_rows = read_metrics(Path(directory) / METRICS_FILE) if expected_rows is None else expected_rows
+    result.compared, result.differences = compare_rows(stored_rows, now_rows, epochs)
     now_effective = effective_trainer(config)
     if data_fingerprint := task.data_fingerprint():
         now_effective["data"] = data_fingerprint

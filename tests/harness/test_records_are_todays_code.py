@@ -8,23 +8,36 @@ seed-0 record (126 cells, about 25 minutes on 2 cores).
 
 Bits are defined only on the arithmetic the records were trained with: the test runs where
 torch and the CPU kernels are those of the records (x86-64 with AVX-512, torch 2.14.1, one
-thread per cell, and not a CPU known to round differently: ``OTHER_ARITHMETIC_CPUS``) and is
-skipped elsewhere, where `pe-bench reproduce` shows how far a machine is.
+thread per cell, and not a CPU known to round differently: ``OTHER_ARITHMETIC_CPUS``).
+On a CPU of that list, the sentinels' first epochs are compared instead with what that CPU
+made of them at code that reproduced the records on their own machine (``OTHER_CPU_ROWS``:
+the same training, rounded by this CPU), so a change of the records' training is caught there
+too. Elsewhere the test is skipped, and `pe-bench reproduce` shows how far a machine is.
 When it fails after a change you meant, retrain the encoding's column (every task, seeds 0-5)
-and replace its records: the README says how (`results/reference`)."""
+and replace its records: the README says how (`results/reference`); then write the other
+CPUs' rows again on such a CPU: ``python tests/harness/test_records_are_todays_code.py``."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from datetime import date
 from pathlib import Path
 
 import pytest
 import torch
 
-from pe_bench.harness.grid import store
-from pe_bench.harness.grid.reproduce import reproduce_cell
+from pe_bench.harness.grid import reproduce, store
+from pe_bench.harness.grid.progress import METRICS_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "results" / "reference"
+#: per CPU model of ``OTHER_ARITHMETIC_CPUS``: the sentinels' first-epoch metrics.csv rows (less
+#: the wall time) as that CPU computes them, written by this file's ``__main__``. Family 6 model
+#: 207's were written at defcc50 (stop 53) and are the rows of 09b3ea5 (stop 52, whose CI passed
+#: these sentinels against the records on another machine) in every column: trained at both there.
+OTHER_CPU_ROWS = Path(__file__).with_name("records_on_other_cpus.json")
 
 #: the task each encoding's record is checked on: every encoding once and every task at least once
 #: (a change can move an encoding's numbers on one kind of positions only: stops 39-41 moved
@@ -73,10 +86,22 @@ def _other_arithmetic() -> str | None:
     return None
 
 
-same_arithmetic = pytest.mark.skipif(
-    _other_arithmetic() is not None,
+def _rows_of_this_cpu() -> dict | None:
+    """This CPU's entry of ``OTHER_CPU_ROWS`` where its torch and kernels are the records' but it
+    rounds differently, else None."""
+    if not OTHER_CPU_ROWS.is_file() or store.cpu_model() not in OTHER_ARITHMETIC_CPUS:
+        return None
+    entry = json.loads(OTHER_CPU_ROWS.read_text()).get(store.cpu_model())
+    if entry is None or entry["torch"] != torch.__version__.split("+")[0]:
+        return None
+    return entry if entry["capability"] == torch.backends.cpu.get_cpu_capability() else None
+
+
+comparable = pytest.mark.skipif(
+    _other_arithmetic() is not None and _rows_of_this_cpu() is None,
     reason=f"the records' bits are those of torch {RECORDS_TORCH} on {RECORDS_CPU} CPU kernels of the records' "
-    f"machine; {_other_arithmetic()} (`pe-bench reproduce` compares anyway)",
+    f"machine; {_other_arithmetic()}, and {OTHER_CPU_ROWS.name} has no rows of it (`pe-bench reproduce` compares "
+    "anyway)",
 )
 
 
@@ -99,15 +124,71 @@ def test_every_encoding_of_the_matrix_has_a_sentinel() -> None:
         assert store.read_record(cells[task, method]).status == store.STATUS_OK, (task, method)
 
 
+def test_the_other_cpus_rows_are_of_todays_sentinels() -> None:
+    """Rows of a CPU that is not denylisted would never be read, and rows of another cell or an
+    older record would be compared with the wrong training."""
+    cells = seed0_cells()
+    for cpu, entry in json.loads(OTHER_CPU_ROWS.read_text()).items():
+        assert cpu in OTHER_ARITHMETIC_CPUS, f"{OTHER_CPU_ROWS.name} has rows of {cpu}, not in OTHER_ARITHMETIC_CPUS"
+        assert set(entry["sentinels"]) == set(SENTINEL_TASK), f"{cpu}: write its rows again (this file's __main__)"
+        for method, sentinel in entry["sentinels"].items():
+            cell = cells[SENTINEL_TASK[method], method]
+            assert sentinel["cell"] == str(cell.relative_to(ROOT)), f"{cpu} · {method}: rows of another cell"
+            assert len(sentinel["rows"]) == 1 and sentinel["rows"][0]["epoch"] in ("0", "1"), sentinel["rows"]
+            stored = reproduce.read_metrics(cell / METRICS_FILE)[0]
+            compared = set(stored) - set(reproduce.NOT_COMPARED)
+            assert set(sentinel["rows"][0]) == compared, f"{cpu} · {method}: other columns than the record's"
+
+
 @pytest.mark.slow
-@same_arithmetic
+@comparable
 @pytest.mark.parametrize("method", sorted(SENTINEL_TASK))
 def test_a_shipped_record_is_what_todays_code_trains(method: str) -> None:
     cell = seed0_cells()[SENTINEL_TASK[method], method]
-    result = reproduce_cell(cell, epochs=1)
+    other_cpu = _rows_of_this_cpu() if _other_arithmetic() is not None else None
+    expected = other_cpu["sentinels"][method]["rows"] if other_cpu else None
+    result = reproduce.reproduce_cell(cell, epochs=1, expected_rows=expected)
     assert not result.skipped, result.skipped
-    assert result.identical, (
-        f"{result.label}: today's code no longer trains the shipped record {cell.relative_to(ROOT)} "
-        f"({'; '.join(result.differences)}). If the change is meant, retrain the {method} column (every task, "
-        "seeds 0-5) into a new results/reference folder and remove its old records; if not, it is a regression."
+    against = (
+        f"the rows this CPU made of it at {other_cpu['code']} ({OTHER_CPU_ROWS.name}: the record's training as "
+        "this CPU rounds it)"
+        if other_cpu
+        else "the record"
     )
+    assert result.identical, (
+        f"{result.label}: today's code no longer trains the shipped record {cell.relative_to(ROOT)}, compared with "
+        f"{against} ({'; '.join(result.differences)}). If the change is meant, retrain the {method} column (every "
+        "task, seeds 0-5) into a new results/reference folder and remove its old records; if not, it is a regression."
+    )
+
+
+def write_rows_of_this_cpu() -> None:
+    """Train the sentinels' first epochs here and store their rows as this CPU's entry of
+    ``OTHER_CPU_ROWS``. Only for a CPU of ``OTHER_ARITHMETIC_CPUS``, and only at code that
+    reproduces the records bit for bit on the records' machine (CI passed the sentinels there)."""
+    cpu = store.cpu_model()
+    if cpu not in OTHER_ARITHMETIC_CPUS:
+        raise SystemExit(f"this CPU ({cpu}) is not in OTHER_ARITHMETIC_CPUS: compare with the records themselves")
+    reproduce.quiet_lightning()
+    cells, sentinels = seed0_cells(), {}
+    for method, task in sorted(SENTINEL_TASK.items()):
+        result = reproduce.reproduce_cell(cells[task, method], epochs=1)
+        assert not result.skipped and len(result.rows) == 1, (method, result.skipped, result.rows)
+        print(f"{method} on {task}: {'identical to' if result.identical else 'differs from'} the record here")
+        rows = [{k: v for k, v in row.items() if k not in reproduce.NOT_COMPARED} for row in result.rows]
+        sentinels[method] = {"cell": str(cells[task, method].relative_to(ROOT)), "rows": rows}
+    code = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    every_cpu = json.loads(OTHER_CPU_ROWS.read_text()) if OTHER_CPU_ROWS.is_file() else {}
+    every_cpu[cpu] = {
+        "code": code.stdout.strip() or "unknown",
+        "written": date.today().isoformat(),
+        "torch": torch.__version__.split("+")[0],
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "sentinels": sentinels,
+    }
+    OTHER_CPU_ROWS.write_text(json.dumps(every_cpu, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(sentinels)} sentinels' rows of {cpu} into {OTHER_CPU_ROWS}")
+
+
+if __name__ == "__main__":
+    sys.exit(write_rows_of_this_cpu())
