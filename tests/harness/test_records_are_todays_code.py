@@ -159,6 +159,18 @@ def test_a_shipped_record_is_what_todays_code_trains(method: str) -> None:
         f"{result.label}: today's code no longer trains the shipped record {cell.relative_to(ROOT)}, compared with "
         f"{against} ({'; '.join(result.differences)}). If the change is meant, retrain the {method} column (every "
         "task, seeds 0-5) into a new results/reference folder and remove its old records; if not, it is a regression."
+        + ("" if other_cpu else _unknown_cpu_hint())
+    )
+
+
+def _unknown_cpu_hint() -> str:
+    """What to check when a sentinel differs from a record on a CPU not known to round differently:
+    stop 53 met a CPU whose kernels differ from the records' at the same torch and instruction set."""
+    return (
+        f" Unless this CPU ({store.cpu_model()}) is the cause: if a commit whose suite passed these sentinels on "
+        "another machine differs here too (`pe-bench reproduce results/reference/* --seeds 0 --methods nopos`), "
+        "this CPU rounds differently: add it to OTHER_ARITHMETIC_CPUS and write its rows "
+        "(`python tests/harness/test_records_are_todays_code.py`) with code that gives that commit's rows."
     )
 
 
