@@ -56,6 +56,29 @@ Two forms, selected by ``form``:
   bias: (B, H, Nq, Nk) per layer in 16 bits (and briefly in float32), which fits small grids
   (ViT-B at 224²: 0.47M elements per sample and layer), plus six bf16 products per feature. 32-bit q/k keep the widened
   form, which is exact there.
+  Position space (``space``): s = W_p r is linear in the P-dimensional r, so Eq. 9 is a
+  quadratic form in the raw offset Δr = r_j - r_i, with M_i = W_p^T diag(a_i) W_p (P x P,
+  negative semi-definite when a_i < 0) and β_i = W_p^T b_i:
+      S_ij - <q_i, k_j> = <a_i, (W_p Δr)^2> + <b_i, W_p Δr> = Δr^T M_i Δr + <β_i, Δr>.
+  Factorised as above,
+      f_q = (r_i^T M_i r_i - <β_i, r_i>) ⊕ {M_i,pq (x2 off the diagonal)}_{p<=q} ⊕ (β_i - 2 M_i r_i)
+      f_k = 1 ⊕ {r_j,p r_j,q}_{p<=q} ⊕ r_j,
+  1 + P(P+1)/2 + P features instead of 2m + 1: 6 instead of 101 for images at m = 50 (with
+  the split, a head of 64 + 18 -> 88 columns instead of 368, within the fused kernels' 256),
+  10 for 3-D positions. The keys' features hold positions only, so every head and layer
+  shares one tensor of them. A query's cost in m is a_i's: its W_a rows and one small
+  product with the outer products W_p,c W_p,c^T of W_p's rows. β_i = W_p^T W_b x_i comes
+  from a (H P, D) weight folded from W_b and W_p once per call (with ``context``), so the
+  coefficient projection computes H (m + P) columns instead of 2 H m (1224 instead of 2400
+  for ViT-B at m = 50, beside qkv's 2304). The same logits, in another rounding: the
+  identity is exact, and the cancellation is the same (|M| |r|^2 terms down to |M| |Δr|^2),
+  so the split, the frames and the bias form apply unchanged. The paper writes the
+  factorisation in the projected space (Eq. 13-14), and the stored records were trained
+  that way on CPU, so "auto" (default) takes position space on CUDA only, where the
+  narrower head keeps SDPA's fastest kernels, and only where it is narrower
+  (P(P+1)/2 + P < 2m at full PaPE: m >= 3 for P = 2); "projected" or "position" force one.
+  Without W_p (``project`` False) position space is the projected one with W_p = I, wider
+  by the P(P-1)/2 cross terms.
 * ``explicit``: the bias of Eq. 9 built as a (B, H, Nq, Nk) tensor: the reference oracle
   and the memory comparison. Its FlexAttention form (``score_mod``, used on CUDA) evaluates
   Eq. 9 with the direct differences Δr_ij per (query, key) pair inside the kernel, from
@@ -75,8 +98,9 @@ positions where pe-bench centres them on the keys (exact by translation invarian
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -174,6 +198,20 @@ class PaPEOptions(WidenedFormOptions):
     #: frame_tile^P tokens without a grid) its own frame, centred on its queries (None: one
     #: frame for all queries, centred on the keys). See the module doc, "Frames".
     frame_tile: int | None = Field(None, ge=1)
+    #: efficient form: the space of the widened features (module doc, "Position space"):
+    #: "projected" (s = W_p r, 2m + 1 features: Eq. 13-14, the stored records' arithmetic),
+    #: "position" (r itself, 1 + P(P+1)/2 + P features), or "auto": position on CUDA where it
+    #: is narrower, projected elsewhere.
+    space: Literal["auto", "projected", "position"] = "auto"
+
+    @model_validator(mode="after")
+    def _position_space_needs_the_efficient_form(self) -> PaPEOptions:
+        if self.space == "position" and self.form == "explicit":
+            raise ValueError(
+                "space 'position' applies to form 'efficient' only (the explicit form sums"
+                " Eq. 9's m terms as written: it is the reference); drop space or use form: efficient"
+            )
+        return self
 
 
 def widen_heads(
@@ -223,12 +261,54 @@ def positional_bias(q_extra: Tensor, k_extra: Tensor, q: Tensor, inputs: Attenti
     # smaller tensor, forward and backward (exact for a power-of-two head width)
     scaled = q_extra / math.sqrt(q.shape[-1])
     if scaled.dtype == torch.float32:
-        keys = shared_by_query_chunks(
-            inputs, "positional-bias-keys", lambda: keys_for_product(k_extra.to(torch.float32))
-        )
+        # position space's keys are one tensor for all heads: the product takes one per head
+        heads = k_extra.to(torch.float32).expand(-1, q.shape[1], -1, -1)
+        keys = shared_by_query_chunks(inputs, "positional-bias-keys", lambda: keys_for_product(heads))
         return float32_product(scaled, keys, out_dtype=q.dtype)
     with torch.autocast(q_extra.device.type, enabled=False):
         return scaled @ k_extra.to(scaled.dtype).transpose(-1, -2)
+
+
+def feature_widths(options: PaPEOptions, pos_dim: int) -> dict[str, int]:
+    """The efficient form's positional features per token (before the split and padding)
+    in each ``space``: 1 + m (quadratic) + m, and 1 + P(P+1)/2 (quadratic) + P."""
+    m = options.m if options.project else pos_dim
+    quadratic = int(options.quadratic)
+    return {"projected": 1 + quadratic * m + m, "position": 1 + quadratic * pos_dim * (pos_dim + 1) // 2 + pos_dim}
+
+
+def in_position_space(options: PaPEOptions, pos_dim: int, device_type: str) -> bool:
+    """Whether the efficient form builds its features from r itself (``space``; module doc,
+    "Position space"): asked for, or "auto" on CUDA where that widens the head less. The
+    FLOP model asks the same."""
+    if not (options.quadratic or options.linear):
+        return False  # no positional term: its zero columns are the same in either space
+    if options.space != "auto":
+        return options.space == "position"
+    widths = feature_widths(options, pos_dim)
+    return device_type == "cuda" and widths["position"] < widths["projected"]
+
+
+def query_mask(inputs: AttentionInputs, dtype: torch.dtype) -> Tensor:
+    """(B, 1, Nq, 1): 1 for queries with a position, 0 for the others (CLS), in ``dtype``;
+    once per forward."""
+    return shared_per_forward(inputs, ("query-mask", dtype), lambda: inputs.query.has_pos[:, None, :, None].to(dtype))
+
+
+class PairIndices(NamedTuple):
+    """The P(P+1)/2 pairs p <= q of P coordinates: position space's quadratic features."""
+
+    rows: Tensor  #: p of each pair
+    cols: Tensor  #: q of each pair
+    flat: Tensor  #: p * P + q: the pair's entry in a flattened (P, P) matrix
+    weight: Tensor  #: 1 on the diagonal, 2 off it: r^T M r = sum over pairs of weight M_pq r_p r_q
+
+
+@functools.cache
+def pair_indices(pos_dim: int, device: torch.device) -> PairIndices:
+    rows, cols = torch.triu_indices(pos_dim, pos_dim, device=device)
+    weight = torch.where(rows == cols, 1.0, 2.0).to(device=device, dtype=torch.float32)
+    return PairIndices(rows, cols, rows * pos_dim + cols, weight)
 
 
 def pape_bias_elements(options: WidenedFormOptions, q: Tensor, k: Tensor, per_pair: int) -> int:
@@ -309,11 +389,36 @@ class ParabolicLayer(LayerEncoding):
         add up there; in 16 bits the parabola's cancellation down to |dS| (s_i - s_j)^2 would
         happen in 16 bits (a 3.8 % error of PaPE's positional gradients at 14 x 14 in
         bench --pape-precision, with the positional bias form)."""
-        mask = shared_per_forward(
-            inputs, ("query-mask", dtype), lambda: inputs.query.has_pos[:, None, :, None].to(dtype)
-        )
+        mask = query_mask(inputs, dtype)
         a, b = self.coefficients(inputs.x_q)
         return (None if a is None else a * mask), (None if b is None else b * mask)
+
+    def _position_space_coefficients(
+        self, inputs: AttentionInputs, dtype: torch.dtype, w_p: Tensor
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """a (B, H, Nq, m) and β = W_p^T b (B, H, Nq, P) as ``_coefficients_for_queries``
+        gives a and b. With ``context``, β comes from x_q directly: W_b and W_p are folded into
+        one (H P, D) weight per call, so W_ab's matrix product computes H P columns for the
+        linear term instead of H m (the rows of W_ab are a's, then b's)."""
+        if not (self.options.context and self.options.linear):
+            a, b = self._coefficients_for_queries(inputs, dtype)
+            if b is None:
+                return a, None
+            with torch.autocast(b.device.type, enabled=False):  # autocast would run it in bf16
+                return a, b @ w_p
+        weight, heads, pos_dim = self.w_ab.weight, self.num_heads, w_p.shape[-1]
+        b_rows = self.m * heads
+        with torch.autocast(weight.device.type, enabled=False):  # the fold in the weights' dtype
+            w_b = weight[-b_rows:].unflatten(0, (heads, self.m))
+            w_beta = torch.einsum("hcp,hcd->hpd", w_p.to(weight.dtype), w_b).flatten(0, 1)
+        folded = torch.cat([weight[:-b_rows], w_beta]) if self.options.quadratic else w_beta
+        raw = F.linear(inputs.x_q, folded)  # under autocast as W_ab's own product would be
+        mask = query_mask(inputs, dtype)
+        beta = raw[..., -heads * pos_dim :].unflatten(-1, (heads, pos_dim)).transpose(1, 2) * mask
+        if not self.options.quadratic:
+            return None, beta
+        a_raw = raw[..., :b_rows].unflatten(-1, (heads, self.m)).transpose(1, 2)
+        return (-F.softplus(a_raw) if self.options.softplus else a_raw) * mask, beta
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         if self.options.form == "explicit" or self.options.positional_bias_form(q):
@@ -321,10 +426,18 @@ class ParabolicLayer(LayerEncoding):
         split = self.options.low_precision == "split"
         return widen_heads(q, k, *self._extra_features(inputs), split, self.options.pad_to)
 
+    def in_position_space(self, device: torch.device) -> bool:
+        """Whether the efficient form's features are built from r itself (``in_position_space``)."""
+        pos_dim = self.m if self.w_p is None else self.w_p.shape[-1]
+        return in_position_space(self.options, pos_dim, device.type)
+
     def _extra_features(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
-        """The efficient form's positional features f_q (B, H, Nq, 2m + 1) and f_k (B or 1,
-        H, Nk, 2m + 1) in the frame's dtype, zero for tokens without a position. f_k once per
-        attention call when its queries come in chunks (``shared_by_query_chunks``)."""
+        """The efficient form's positional features f_q (B, H, Nq, w) and f_k (B or 1, H or
+        1, Nk, w) in the frame's dtype, zero for tokens without a position: w = 2m + 1 in
+        projected space, 1 + P(P+1)/2 + P in position space. f_k once per attention call when
+        its queries come in chunks (``shared_by_query_chunks``)."""
+        if self.in_position_space(inputs.x_q.device):
+            return self._position_space_features(inputs)
         s_q, s_k = self._frame(inputs)
         # a query's every feature is a or b times something, so with a and b zeroed for
         # queries without a position their features are 0 with no pass of their own
@@ -353,6 +466,58 @@ class ParabolicLayer(LayerEncoding):
             inputs, ("pape-key-features", s_k.dtype), lambda: self._key_features(s_k, square_k, inputs)
         )
         return q_extra, k_extra
+
+    def _position_space_features(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        """f_q = (r_i^T M_i r_i - <β_i, r_i>) ⊕ M_i's upper triangle (off-diagonal entries
+        doubled) ⊕ (β_i - 2 M_i r_i) and f_k = 1 ⊕ r_j's pairwise products ⊕ r_j, with
+        M_i = W_p^T diag(a_i) W_p and β_i = W_p^T b_i (module doc, "Position space"). The
+        keys' features hold positions only: one (B or 1, 1, Nk, w) tensor for every head, and
+        for every layer too when the frame is the keys' (not ``frame_tile``'s)."""
+        dtype = self.frame_dtype(inputs)
+        r_q, r_k = frame_coords(self.options, inputs, dtype)
+        w_p = self._projection(dtype, r_q.device)  # (H, m, P)
+        a, beta = self._position_space_coefficients(inputs, dtype, w_p)
+        pos_dim = w_p.shape[-1]
+        upper = pair_indices(pos_dim, w_p.device)
+        r_i = r_q.unsqueeze(1)  # (B or 1, 1, Nq, P): the same for every head
+        q_parts, m_r = [], None
+        with torch.autocast(r_q.device.type, enabled=False):  # autocast would run these in bf16
+            if a is not None:
+                # W_pc ⊗ W_pc per row c of W_p: a_i times it is M_i, (H, m, P, P) flattened;
+                # the triangle's coefficients come from the same rows, doubled off the diagonal
+                outer = (w_p.unsqueeze(-1) * w_p.unsqueeze(-2)).flatten(-2)
+                triangle = outer[..., upper.flat] * upper.weight
+                coefficients = a @ torch.cat([triangle, outer], dim=-1)
+                q_parts.append(coefficients[..., : len(upper.weight)])
+                form = coefficients[..., len(upper.weight) :].unflatten(-1, (pos_dim, pos_dim))
+                m_r = (form * r_i.unsqueeze(-2)).sum(-1)  # M_i r_i, (B, H, Nq, P)
+        # offset r_i^T M_i r_i - <β_i, r_i> = <M_i r_i - β_i, r_i>, and the linear columns
+        # β_i - 2 M_i r_i (the scaling by -2 is exact), as in projected space
+        if m_r is not None and beta is not None:
+            offset, linear = ((m_r - beta) * r_i).sum(-1, keepdim=True), torch.add(beta, m_r, alpha=-2)
+        elif m_r is not None:
+            offset, linear = (m_r * r_i).sum(-1, keepdim=True), m_r * -2
+        else:  # linear term alone (in_position_space excludes ablating both)
+            offset, linear = -(beta * r_i).sum(-1, keepdim=True), beta
+        q_extra = torch.cat([offset, *q_parts, linear], dim=-1)
+
+        def keys() -> Tensor:
+            parts = [torch.ones_like(r_k[..., :1])]
+            if self.options.quadratic:
+                parts.append(r_k[..., upper.rows] * r_k[..., upper.cols])
+            parts.append(r_k)
+            return positioned_keys(torch.cat(parts, dim=-1).unsqueeze(1), inputs)
+
+        name = ("pape-position-key-features", dtype, self.options.quadratic)
+        if not self.options.tiled:  # positions alone, in the keys' frame: every layer's
+            return q_extra, shared_by_query_chunks(inputs, name, lambda: shared_per_forward(inputs, name, keys))
+        return q_extra, keys()
+
+    def _projection(self, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """W_p (H, m, P) in ``dtype``; the identity per head when ``project`` is False (m = P)."""
+        if self.w_p is None:
+            return torch.eye(self.m, dtype=dtype, device=device).expand(self.num_heads, -1, -1)
+        return self.w_p.to(dtype)
 
     def _key_features(self, s_k: Tensor, square: Tensor | None, inputs: AttentionInputs) -> Tensor:
         """f_k = 1 ⊕ s_k^2 ⊕ s_k (without s_k^2 when the quadratic term is ablated), zero for

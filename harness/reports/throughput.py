@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from pe_bench.adapters._string import basis_folded
+from pe_bench.adapters.pape import PaPEOptions, feature_widths, in_position_space
 from pe_bench.harness.config import ModelConfig
 from pe_bench.harness.reports.bench import (
     MODELS,
@@ -31,7 +32,8 @@ from pe_bench.harness.reports.paired import PairedTiming, paired_timing
 #: the encodings of the GPU table (issue 16), nopos first.
 THROUGHPUT_METHODS = (
     "nopos", "sincos", "abspos", "cape", "rope", "rope-mixed", "string-cayley", "string-circulant",
-    "alibi", "relpos", "lookhere", "cope", "sape2", "pape", "pape[low_precision=bias]", "pape[m=8]", "pape-ri",
+    "alibi", "relpos", "lookhere", "cope", "sape2", "pape", "pape[space=projected]", "pape[low_precision=bias]",
+    "pape[m=8]", "pape-ri",
     "pape-ri[low_precision=bias]", "pape[form=explicit]",
 )  # fmt: skip
 
@@ -88,7 +90,10 @@ def encoding_flops(
     * widened q/k (pape, pape-ri, efficient): q.k over the extra channels, 2 N^2 H w (v
       stays unpadded on CUDA), with w after the bf16 hi/lo split (3x, ``bf16``) and padding;
       plus the coefficient projections (PaPE: W_a, W_b: 4 N D H m; W_p: 2 N H m P; the
-      features ~ 8 N H m; PaPE-RI: w_α, 2 N D H). ``low_precision: bias`` in bf16: the
+      features ~ 8 N H m; PaPE-RI: w_α, 2 N D H). PaPE in position space (``space``,
+      "auto" on CUDA; adapters/pape.py): w = 1 + P(P+1)/2 + P; W_b is folded with W_p, so
+      the projections are 2 N D H (m + P); a meets W_p's outer products, 2 N H m (P(P+1)/2
+      + P^2), in place of the m-wide features; 8 N H P^2 for the P-wide ones. ``low_precision: bias`` in bf16: the
       same product unpadded, to float32 accuracy as six bf16 piece products on the tensor
       cores (adapters/_float32_product.py), 12 N^2 H w, and the bias's add.
 
@@ -123,11 +128,18 @@ def encoding_flops(
     if parsed.name == "sape2":
         return pairs * (2.0 * e + 4 + 3 * 2 * side)
     if parsed.name == "pape":
-        m = int(options.get("m", 50)) if options.get("project", True) else p
+        pape_options = PaPEOptions(**options)
+        m = pape_options.m if pape_options.project else p
         projections = layers * (4.0 * n * d * h * m + 2.0 * n * h * m * p + 8.0 * n * h * m)
-        if options.get("form", "efficient") == "explicit":
+        if pape_options.form == "explicit":
             return projections + pairs * (5.0 * m + 2)
-        return projections + _widened_flops(1 + 2 * m, options, pairs, bf16)
+        if in_position_space(pape_options, p, torch.device(device).type):
+            # W_a and W_b folded with W_p (m + P rows per head); a times W_p's outer products
+            # (M_i); P-wide features
+            t = p * (p + 1) // 2
+            coefficients = layers * (2.0 * n * d * h * (m + p) + 2.0 * n * h * m * (t + p * p) + 8.0 * n * h * p * p)
+            return coefficients + _widened_flops(feature_widths(pape_options, p)["position"], options, pairs, bf16)
+        return projections + _widened_flops(feature_widths(pape_options, p)["projected"], options, pairs, bf16)
     if parsed.name == "pape-ri":
         projections = layers * 2.0 * n * d * h
         if options.get("form", "efficient") == "explicit":

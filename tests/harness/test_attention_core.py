@@ -63,10 +63,11 @@ def test_cross_attention_with_different_lengths():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("options", [{}, {"low_precision": "round"}, {"m": 8}])
+@pytest.mark.parametrize("options", [{}, {"low_precision": "round"}, {"m": 8}, {"space": "projected"}])
 def test_widened_pape_on_cuda_reaches_a_fused_kernel_with_an_unpadded_v(options, monkeypatch):
     """CUDA: v stays at the head width while q/k are widened (PaPE), and SDPA still picks a
-    fused kernel in bf16, at ViT-B's head width (64 + 2m + 1 channels, 3x when split)."""
+    fused kernel in bf16, at ViT-B's head width (64 + 6 channels in position space, CUDA's
+    default, 64 + 2m + 1 projected; 3x when split)."""
     chosen = []
     real = attention_module.F.scaled_dot_product_attention
 
