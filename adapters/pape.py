@@ -98,9 +98,8 @@ positions where pe-bench centres them on the keys (exact by translation invarian
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -295,20 +294,16 @@ def query_mask(inputs: AttentionInputs, dtype: torch.dtype) -> Tensor:
     return shared_per_forward(inputs, ("query-mask", dtype), lambda: inputs.query.has_pos[:, None, :, None].to(dtype))
 
 
-class PairIndices(NamedTuple):
-    """The P(P+1)/2 pairs p <= q of P coordinates: position space's quadratic features."""
-
-    rows: Tensor  #: p of each pair
-    cols: Tensor  #: q of each pair
-    flat: Tensor  #: p * P + q: the pair's entry in a flattened (P, P) matrix
-    weight: Tensor  #: 1 on the diagonal, 2 off it: r^T M r = sum over pairs of weight M_pq r_p r_q
-
-
-@functools.cache
-def pair_indices(pos_dim: int, device: torch.device) -> PairIndices:
-    rows, cols = torch.triu_indices(pos_dim, pos_dim, device=device)
-    weight = torch.where(rows == cols, 1.0, 2.0).to(device=device, dtype=torch.float32)
-    return PairIndices(rows, cols, rows * pos_dim + cols, weight)
+def pair_buffers(pos_dim: int) -> tuple[Tensor, Tensor]:
+    """Position space's pairs p <= q of the P coordinates (the T = P(P+1)/2 quadratic
+    features): their (rows, cols, flat index p P + q) as a (3, T) tensor, and the (P^2, T + P^2)
+    selection that takes a flattened (P, P) matrix M to its triangle, doubled off the diagonal
+    (r^T M r = sum over pairs of weight M_pq r_p r_q), then to itself."""
+    rows, cols = torch.triu_indices(pos_dim, pos_dim)
+    flat = rows * pos_dim + cols
+    triangle = torch.zeros(pos_dim * pos_dim, len(flat))
+    triangle[flat, torch.arange(len(flat))] = torch.where(rows == cols, 1.0, 2.0)
+    return torch.stack([rows, cols, flat]), torch.cat([triangle, torch.eye(pos_dim * pos_dim)], dim=1)
 
 
 def pape_bias_elements(options: WidenedFormOptions, q: Tensor, k: Tensor, per_pair: int) -> int:
@@ -334,6 +329,11 @@ class ParabolicLayer(LayerEncoding):
             self.w_p = nn.Parameter(torch.empty(num_heads, self.m, pos_dim).uniform_(-bound, bound))
         else:
             self.register_parameter("w_p", None)
+        # position space's pairs of coordinates (``pair_buffers``), buffers so that they follow
+        # the layer's device (made outside any inference mode, which autograd would refuse)
+        indices, selection = pair_buffers(pos_dim)
+        self.register_buffer("pair_indices", indices, persistent=False)
+        self.register_buffer("pair_selection", selection, persistent=False)
         n_coef = int(options.quadratic) + int(options.linear)
         if options.context:
             self.w_ab = nn.Linear(dim, n_coef * num_heads * self.m, bias=False)
@@ -407,18 +407,23 @@ class ParabolicLayer(LayerEncoding):
             with torch.autocast(b.device.type, enabled=False):  # autocast would run it in bf16
                 return a, b @ w_p
         weight, heads, pos_dim = self.w_ab.weight, self.num_heads, w_p.shape[-1]
-        b_rows = self.m * heads
+        a_rows = weight.shape[0] - self.m * heads
+        w_a, w_b = weight.split([a_rows, self.m * heads])  # split, not slices: one cat backward
         with torch.autocast(weight.device.type, enabled=False):  # the fold in the weights' dtype
-            w_b = weight[-b_rows:].unflatten(0, (heads, self.m))
-            w_beta = torch.einsum("hcp,hcd->hpd", w_p.to(weight.dtype), w_b).flatten(0, 1)
-        folded = torch.cat([weight[:-b_rows], w_beta]) if self.options.quadratic else w_beta
+            w_beta = torch.einsum("hcp,hcd->hpd", w_p.to(weight.dtype), w_b.unflatten(0, (heads, self.m)))
+        folded = torch.cat([w_a, w_beta.flatten(0, 1)]) if self.options.quadratic else w_beta.flatten(0, 1)
         raw = F.linear(inputs.x_q, folded)  # under autocast as W_ab's own product would be
-        mask = query_mask(inputs, dtype)
-        beta = raw[..., -heads * pos_dim :].unflatten(-1, (heads, pos_dim)).transpose(1, 2) * mask
+        a_raw, beta_raw = raw.split([a_rows, heads * pos_dim], dim=-1)
+        mask = query_mask(inputs, dtype)  # each product by it is also the cast to ``dtype``
+        beta = beta_raw.unflatten(-1, (heads, pos_dim)).transpose(1, 2) * mask
         if not self.options.quadratic:
             return None, beta
-        a_raw = raw[..., :b_rows].unflatten(-1, (heads, self.m)).transpose(1, 2)
-        return (-F.softplus(a_raw) if self.options.softplus else a_raw) * mask, beta
+        a_raw = a_raw.unflatten(-1, (heads, self.m)).transpose(1, 2)
+        if not self.options.softplus:
+            return a_raw * mask, beta
+        # a = -softplus(.) zeroed off position in one product with -mask (the same numbers)
+        negative = shared_per_forward(inputs, ("negative-query-mask", dtype), lambda: -mask)
+        return F.softplus(a_raw) * negative, beta
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         if self.options.form == "explicit" or self.options.positional_bias_form(q):
@@ -477,20 +482,17 @@ class ParabolicLayer(LayerEncoding):
         r_q, r_k = frame_coords(self.options, inputs, dtype)
         w_p = self._projection(dtype, r_q.device)  # (H, m, P)
         a, beta = self._position_space_coefficients(inputs, dtype, w_p)
-        pos_dim = w_p.shape[-1]
-        upper = pair_indices(pos_dim, w_p.device)
+        pos_dim, pairs = w_p.shape[-1], self.pair_indices.shape[-1]
         r_i = r_q.unsqueeze(1)  # (B or 1, 1, Nq, P): the same for every head
         q_parts, m_r = [], None
-        with torch.autocast(r_q.device.type, enabled=False):  # autocast would run these in bf16
-            if a is not None:
-                # W_pc ⊗ W_pc per row c of W_p: a_i times it is M_i, (H, m, P, P) flattened;
-                # the triangle's coefficients come from the same rows, doubled off the diagonal
-                outer = (w_p.unsqueeze(-1) * w_p.unsqueeze(-2)).flatten(-2)
-                triangle = outer[..., upper.flat] * upper.weight
-                coefficients = a @ torch.cat([triangle, outer], dim=-1)
-                q_parts.append(coefficients[..., : len(upper.weight)])
-                form = coefficients[..., len(upper.weight) :].unflatten(-1, (pos_dim, pos_dim))
-                m_r = (form * r_i.unsqueeze(-2)).sum(-1)  # M_i r_i, (B, H, Nq, P)
+        if a is not None:
+            with torch.autocast(r_q.device.type, enabled=False):  # autocast would run these in bf16
+                # W_p,c ⊗ W_p,c per row c of W_p, flattened, times the fixed selection: the
+                # triangle's coefficients (doubled off the diagonal), then the whole (P, P)
+                outer = (w_p.unsqueeze(-1) * w_p.unsqueeze(-2)).flatten(-2) @ self.pair_selection.to(dtype)
+                triangle, form = (a @ outer).split([pairs, pos_dim * pos_dim], dim=-1)
+            q_parts.append(triangle)
+            m_r = (form.unflatten(-1, (pos_dim, pos_dim)) * r_i.unsqueeze(-2)).sum(-1)  # M_i r_i
         # offset r_i^T M_i r_i - <β_i, r_i> = <M_i r_i - β_i, r_i>, and the linear columns
         # β_i - 2 M_i r_i (the scaling by -2 is exact), as in projected space
         if m_r is not None and beta is not None:
@@ -504,7 +506,8 @@ class ParabolicLayer(LayerEncoding):
         def keys() -> Tensor:
             parts = [torch.ones_like(r_k[..., :1])]
             if self.options.quadratic:
-                parts.append(r_k[..., upper.rows] * r_k[..., upper.cols])
+                rows, cols, _ = self.pair_indices
+                parts.append(r_k[..., rows] * r_k[..., cols])
             parts.append(r_k)
             return positioned_keys(torch.cat(parts, dim=-1).unsqueeze(1), inputs)
 

@@ -211,3 +211,15 @@ def test_cuda_runs_position_space_by_default_with_the_cpu_forms_outputs():
         assert layer.encoding.in_position_space(x.cuda().device)
         on_cuda = layer(x.cuda(), PositionLayout.grid(2, (14, 14), 1, device="cuda")).cpu()
     torch.testing.assert_close(on_cuda, on_cpu, rtol=1e-4, atol=1e-4)
+
+
+def test_position_space_trains_after_an_inference_mode_forward():
+    """``bench`` counts an inference-mode forward, then a training step, on one model: nothing
+    position space keeps between calls (its pairs of coordinates) may be an inference tensor."""
+    geometry = Geometry(pos_dim=2, grid_shape=(4, 4), num_prefix_tokens=1)
+    (layer,) = _layers(geometry, 0, POSITION, ({},))
+    layout, x = PositionLayout.grid(2, (4, 4), 1), torch.randn(2, 17, DIM, dtype=torch.float64)
+    with torch.inference_mode():
+        layer(x, layout)
+    layer(x, layout).sum().backward()
+    assert layer.encoding.w_p.grad.abs().sum() > 0
