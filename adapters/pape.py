@@ -410,7 +410,7 @@ class ParabolicLayer(LayerEncoding):
         a_rows = weight.shape[0] - self.m * heads
         w_a, w_b = weight.split([a_rows, self.m * heads])  # split, not slices: one cat backward
         with torch.autocast(weight.device.type, enabled=False):  # the fold in the weights' dtype
-            w_beta = torch.einsum("hcp,hcd->hpd", w_p.to(weight.dtype), w_b.unflatten(0, (heads, self.m)))
+            w_beta = w_p.to(weight.dtype).transpose(1, 2) @ w_b.unflatten(0, (heads, self.m))  # (H, P, D)
         folded = torch.cat([w_a, w_beta.flatten(0, 1)]) if self.options.quadratic else w_beta.flatten(0, 1)
         raw = F.linear(inputs.x_q, folded)  # under autocast as W_ab's own product would be
         a_raw, beta_raw = raw.split([a_rows, heads * pos_dim], dim=-1)
@@ -418,12 +418,14 @@ class ParabolicLayer(LayerEncoding):
         beta = beta_raw.unflatten(-1, (heads, pos_dim)).transpose(1, 2) * mask
         if not self.options.quadratic:
             return None, beta
-        a_raw = a_raw.unflatten(-1, (heads, self.m)).transpose(1, 2)
         if not self.options.softplus:
-            return a_raw * mask, beta
-        # a = -softplus(.) zeroed off position in one product with -mask (the same numbers)
+            return a_raw.unflatten(-1, (heads, self.m)).transpose(1, 2) * mask, beta
+        # a = -softplus(.) zeroed off position in one product with -mask (the same numbers).
+        # softplus before the heads' transpose: its backward then reads two tensors of one
+        # layout, whose output layout a compiled backward (AOTAutograd) predicts as the eager
+        # CPU kernel makes it (after the transpose it did not, and its view of the gradient failed)
         negative = shared_per_forward(inputs, ("negative-query-mask", dtype), lambda: -mask)
-        return F.softplus(a_raw) * negative, beta
+        return F.softplus(a_raw).unflatten(-1, (heads, self.m)).transpose(1, 2) * negative, beta
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         if self.options.form == "explicit" or self.options.positional_bias_form(q):

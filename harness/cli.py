@@ -182,7 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="forward time, memory and positional parameters vs nopos")
     bench.add_argument("--model", default="tiny", choices=["tiny", "vit-s", "vit-b"])
-    bench.add_argument("--methods", default=None, help="default: PaPE Table 4's encodings, PaPE for m 2..64")
+    bench.add_argument(
+        "--methods",
+        default=None,
+        help="default: PaPE Table 4's encodings, PaPE for m 2..64 (with --pape-precision: nopos, pape, pape-ri)",
+    )
     bench.add_argument("--batch", type=_ints, default=[1, 32], help="inference batch sizes (time per image)")
     bench.add_argument("--train-batch", type=int, default=32, help="training-step batch; 0 leaves it out")
     bench.add_argument("--repeats", type=int, default=10, help="timed samples per figure (median and IQR)")
@@ -543,7 +547,9 @@ def _bench(args: argparse.Namespace) -> int:
     if args.pape_precision:
         from pe_bench.harness.reports.pape_precision import pape_precision_table
 
-        precision = pape_precision_table()
+        # --methods picks the rows (e.g. "nopos,pape[space=position]"); default nopos, pape, pape-ri
+        methods = {} if args.methods is None else {"methods": _bench_methods(args.methods)}
+        precision = pape_precision_table(**methods)
         title = (
             "## PaPE against float64 (bf16 autocast, CPU): softmax total variation (mean, max) and relative"
             " error of the gradients reaching the encoding (grad) and the qkv weight (content grad), the 16-bit"

@@ -18,6 +18,7 @@ from pe_bench.adapters import Geometry, PositionLayout, build
 from pe_bench.adapters.base import AttentionInputs
 from pe_bench.harness.attention import Attention, dense_bias_chunk_elements
 from pe_bench.harness.conformance import measure
+from pe_bench.harness.conformance.probes import with_padding
 from pe_bench.harness.reports.pape_precision import pape_precision_table
 
 DIM, HEADS = 32, 4
@@ -61,20 +62,18 @@ def test_position_space_equals_the_explicit_bias(ablation, grid, m, prefix, tile
     options = {"m": m, **ablation}
     position, explicit = _layers(geometry, seed, options, ({**POSITION, "frame_tile": tile}, EXPLICIT))
     layout = PositionLayout.grid(2, grid, prefix)
-    n = layout.coords.shape[1]
     layout = layout.with_coords(layout.coords.double() * 1.7 + 3.0)
-    if padded and n > 1:
-        valid = torch.ones(2, n, dtype=torch.bool)
-        valid[1, -1] = False
-        layout = PositionLayout(layout.coords, layout.has_pos, valid, layout.grid_shape)
-    x = torch.randn(2, n, DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-    expected, got = explicit.logits(x, layout, causal=causal), position.logits(x, layout, causal=causal)
-    assert torch.equal(torch.isneginf(got), torch.isneginf(expected))
-    finite = torch.isfinite(expected)
-    torch.testing.assert_close(got[finite], expected[finite], rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(
-        position(x, layout, causal=causal), explicit(x, layout, causal=causal), rtol=1e-9, atol=1e-9
-    )
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, layout.coords.shape[1], DIM, dtype=torch.float64, generator=generator)
+    if padded:  # two far, large padding tokens after the grid
+        layout, x = with_padding(layout, x, 2, generator)
+    for output in ("logits", "outputs"):
+        expected, got = (
+            (layer.logits if output == "logits" else layer)(x, layout, causal=causal) for layer in (explicit, position)
+        )
+        finite = torch.isfinite(expected)
+        assert torch.equal(finite, torch.isfinite(got)), output
+        torch.testing.assert_close(got[finite], expected[finite], rtol=1e-9, atol=1e-9, msg=output)
 
 
 @pytest.mark.parametrize("pos_dim", [2, 3])

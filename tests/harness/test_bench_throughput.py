@@ -126,6 +126,10 @@ def test_pape_precision_command_prints_its_table(capsys, monkeypatch):
     assert main(["bench", "--pape-precision"]) == 0
     out = capsys.readouterr().out
     assert "bf16 split max" in out and "6x6" in out
+    asked = []
+    monkeypatch.setattr(pape_precision, "pape_precision_table", lambda **kw: asked.append(kw) or small)
+    assert main(["bench", "--pape-precision", "--methods", "nopos,pape[space=position,m=8]"]) == 0
+    assert asked == [{"methods": ("nopos", "pape[space=position,m=8]")}]
 
 
 class _FakeTimm:

@@ -84,6 +84,7 @@ COMPILED_SPECS = [
     *available(),
     "pape[form=explicit]",
     "pape[low_precision=round]",
+    "pape[space=position]",  # CUDA's default: the features from r itself, W_b folded with W_p
     "wepe[mode=lut]",
     "string-cayley[basis=folded]",  # CUDA's default: the basis folded into the q/k projections
     "string-circulant[basis=folded]",
