@@ -57,3 +57,45 @@ def test_readme_counts_are_the_codes(method, monkeypatch):
     assert _counts(method) == (fwd_on, train_on)
     monkeypatch.setattr(PositionLayout, "sharing_features", lambda self: self)
     assert _counts(method) == (fwd_off, train_off)
+
+
+def _position_space_rows() -> dict[str, tuple[int, int, int, str]]:
+    """method spec -> (ops_fwd, ops_train, ops_train bf16, FLOP bound) from the README's table
+    of PaPE in projected and position space (Benchmark, "PaPE in position space")."""
+    text = README.read_text()
+    table = text[text.index("| method | ops_fwd | ops_train | ops_train bf16 |") :].split("\n\n")[0]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        spec = cells[0]
+        if ", " in spec:  # "pape[m=8], position": the space as an option
+            base, space = spec.split(", ")
+            option = f"space={space.split()[0]}"
+            spec = f"{base[:-1]},{option}]" if base.endswith("]") else f"{base}[{option}]"
+        rows[spec] = (int(cells[1]), int(cells[2]), int(cells[3]), cells[6])
+    return rows
+
+
+POSITION_SPACE_ROWS = _position_space_rows()
+
+
+@pytest.mark.parametrize("spec", sorted(POSITION_SPACE_ROWS))
+def test_readme_position_space_counts_are_the_codes(spec):
+    from pe_bench.harness.grid.methods import parse_method
+    from pe_bench.harness.reports.bench import MODELS
+    from pe_bench.harness.reports.throughput import flop_bound
+
+    fwd, train, train_bf16, bound = POSITION_SPACE_ROWS[spec]
+    parsed = parse_method(spec)
+    torch.manual_seed(0)
+    model = ViT(EncodingFactory(parsed.name, dict(parsed.options)), image_geometry((64, 64), 16), NARROW_VIT_B, 3, 1000)
+    images = torch.randn(1, 3, 64, 64)
+    assert operators_per_pass(model, images) == (fwd, train)
+    assert operators_per_pass(model, images, torch.bfloat16)[1] == train_bf16
+    assert f"{flop_bound(spec, MODELS['vit-b'][0], 224):.3f}" == bound
+
+
+def test_the_position_space_table_has_both_spaces_of_each_pape_row():
+    specs = set(POSITION_SPACE_ROWS)
+    assert {"nopos", "pape[space=projected]", "pape[space=position]"} <= specs
+    assert sum("space=position" in s for s in specs) == sum("space=projected" in s for s in specs) == 4
