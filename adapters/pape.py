@@ -78,7 +78,11 @@ Two forms, selected by ``form``:
   narrower head keeps SDPA's fastest kernels, and only where it is narrower
   (P(P+1)/2 + P < 2m at full PaPE: m >= 3 for P = 2); "projected" or "position" force one.
   Without W_p (``project`` False) position space is the projected one with W_p = I, wider
-  by the P(P-1)/2 cross terms.
+  by the P(P-1)/2 cross terms. The explicit form (below) takes position space only when
+  asked (``space: position``): then each (query, key) pair evaluates Δr^T M_i Δr + <β_i, Δr>
+  from its own offset, P differences and P(P+1)/2 + P products (5 for images) instead of
+  Eq. 9's m terms, in its dense bias (per-pair tensors shared by the heads) and in its
+  FlexAttention score_mod alike.
 * ``explicit``: the bias of Eq. 9 built as a (B, H, Nq, Nk) tensor: the reference oracle
   and the memory comparison. Its FlexAttention form (``score_mod``, used on CUDA) evaluates
   Eq. 9 with the direct differences Δr_ij per (query, key) pair inside the kernel, from
@@ -203,15 +207,6 @@ class PaPEOptions(WidenedFormOptions):
     #: is narrower, projected elsewhere.
     space: Literal["auto", "projected", "position"] = "auto"
 
-    @model_validator(mode="after")
-    def _position_space_needs_the_efficient_form(self) -> PaPEOptions:
-        if self.space == "position" and self.form == "explicit":
-            raise ValueError(
-                "space 'position' applies to form 'efficient' only (the explicit form sums"
-                " Eq. 9's m terms as written: it is the reference); drop space or use form: efficient"
-            )
-        return self
-
 
 def widen_heads(
     q: Tensor, k: Tensor, q_extra: Tensor, k_extra: Tensor, split: bool, pad_to: int
@@ -277,13 +272,15 @@ def feature_widths(options: PaPEOptions, pos_dim: int) -> dict[str, int]:
 
 
 def in_position_space(options: PaPEOptions, pos_dim: int, device_type: str) -> bool:
-    """Whether the efficient form builds its features from r itself (``space``; module doc,
-    "Position space"): asked for, or "auto" on CUDA where that widens the head less. The
-    FLOP model asks the same."""
+    """Whether PaPE works from r itself (``space``; module doc, "Position space"): asked for,
+    or "auto" on CUDA where that widens the efficient form's head less (the explicit form,
+    the reference, keeps projected space unless asked). The FLOP model asks the same."""
     if not (options.quadratic or options.linear):
         return False  # no positional term: its zero columns are the same in either space
     if options.space != "auto":
         return options.space == "position"
+    if options.form == "explicit":
+        return False  # the reference: Eq. 9's m terms as written, unless position space is asked for
     widths = feature_widths(options, pos_dim)
     return device_type == "cuda" and widths["position"] < widths["projected"]
 
@@ -484,17 +481,12 @@ class ParabolicLayer(LayerEncoding):
         r_q, r_k = frame_coords(self.options, inputs, dtype)
         w_p = self._projection(dtype, r_q.device)  # (H, m, P)
         a, beta = self._position_space_coefficients(inputs, dtype, w_p)
-        pos_dim, pairs = w_p.shape[-1], self.pair_indices.shape[-1]
         r_i = r_q.unsqueeze(1)  # (B or 1, 1, Nq, P): the same for every head
         q_parts, m_r = [], None
         if a is not None:
-            with torch.autocast(r_q.device.type, enabled=False):  # autocast would run these in bf16
-                # W_p,c ⊗ W_p,c per row c of W_p, flattened, times the fixed selection: the
-                # triangle's coefficients (doubled off the diagonal), then the whole (P, P)
-                outer = (w_p.unsqueeze(-1) * w_p.unsqueeze(-2)).flatten(-2) @ self.pair_selection.to(dtype)
-                triangle, form = (a @ outer).split([pairs, pos_dim * pos_dim], dim=-1)
+            triangle, form = self._quadratic_form(a, w_p, whole=True)
             q_parts.append(triangle)
-            m_r = (form.unflatten(-1, (pos_dim, pos_dim)) * r_i.unsqueeze(-2)).sum(-1)  # M_i r_i
+            m_r = (form * r_i.unsqueeze(-2)).sum(-1)  # M_i r_i
         # offset r_i^T M_i r_i - <β_i, r_i> = <M_i r_i - β_i, r_i>, and the linear columns
         # β_i - 2 M_i r_i (the scaling by -2 is exact), as in projected space
         if m_r is not None and beta is not None:
@@ -518,6 +510,69 @@ class ParabolicLayer(LayerEncoding):
             return q_extra, shared_by_query_chunks(inputs, name, lambda: shared_per_forward(inputs, name, keys))
         return q_extra, keys()
 
+    def _quadratic_form(self, a: Tensor, w_p: Tensor, whole: bool) -> tuple[Tensor, Tensor | None]:
+        """M_i = W_p^T diag(a_i) W_p per query, in a's dtype outside autocast (which would run
+        it in bf16): its upper triangle (B, H, Nq, P(P+1)/2), off-diagonal entries doubled
+        (r^T M r = sum over pairs p <= q of that times r_p r_q), and with ``whole`` the whole
+        (B, H, Nq, P, P), both from one product of a with W_p's rows' outer products W_p,c ⊗ W_p,c."""
+        pos_dim, pairs = w_p.shape[-1], self.pair_indices.shape[-1]
+        selection = self.pair_selection if whole else self.pair_selection[:, :pairs]
+        with torch.autocast(a.device.type, enabled=False):
+            outer = (w_p.unsqueeze(-1) * w_p.unsqueeze(-2)).flatten(-2) @ selection.to(a.dtype)
+            coefficients = a @ outer
+        if not whole:
+            return coefficients, None
+        triangle, form = coefficients.split([pairs, pos_dim * pos_dim], dim=-1)
+        return triangle, form.unflatten(-1, (pos_dim, pos_dim))
+
+    def _position_space_explicit(self, inputs: AttentionInputs, dtype: torch.dtype) -> tuple[Tensor, ...]:
+        """What the explicit form evaluates per pair in position space: the positions r_q
+        (B, Nq, P) and r_k (B, Nk, P) in the keys' frame, M_i's doubled triangle (B, H, Nq, T)
+        or None, and β_i (B, H, Nq, P) or None: S_ij = sum_t tri_i,t Δr_p Δr_q + <β_i, Δr>."""
+        r_q, r_k = frame_coords(self.options, inputs, dtype)
+        w_p = self._projection(dtype, r_q.device)
+        a, beta = self._position_space_coefficients(inputs, dtype, w_p)
+        triangle = None if a is None else self._quadratic_form(a, w_p, whole=False)[0]
+        return r_q, r_k, triangle, beta
+
+    def _position_space_bias(self, q: Tensor, inputs: AttentionInputs) -> Tensor:
+        """Eq. 9 per (query, key) pair from the offsets themselves, (B, H, Nq, Nk): the
+        per-pair tensors are (B or 1, Nq, Nk, T + P), shared by the heads."""
+        r_q, r_k, triangle, beta = self._position_space_explicit(inputs, self.frame_dtype(inputs))
+        delta = r_k.unsqueeze(1) - r_q.unsqueeze(2)  # (B or 1, Nq, Nk, P): r_j - r_i
+        out = None
+        if triangle is not None:
+            rows, cols, _ = self.pair_indices
+            out = torch.einsum("bhit,bijt->bhij", triangle, delta[..., rows] * delta[..., cols])
+        if beta is not None:
+            linear = torch.einsum("bhip,bijp->bhij", beta, delta)
+            out = linear if out is None else out + linear
+        return out * inputs.key.has_pos[:, None, None, :] / math.sqrt(q.shape[-1])
+
+    def _position_space_score_mod(self, q: Tensor, inputs: AttentionInputs) -> ScoreMod:
+        """``_position_space_bias`` inside the kernel: per pair P differences, T + P products."""
+        r_q, r_k, triangle, beta = self._position_space_explicit(inputs, self.frame_dtype(inputs))
+        # every sample's row, one copied tensor per column (``score_mod`` and ``indexed_once``
+        # on expanded kernel inputs); positions carry no gradient, the coefficients do
+        r_q_cols, r_k_cols = (indexed_once(r.expand(q.shape[0], -1, -1)) for r in (r_q, r_k))
+        pos_dim = len(r_q_cols)
+        pairs = [(p, c) for p in range(pos_dim) for c in range(p, pos_dim)]  # pair_indices' order
+        has_k, scale, zero = inputs.key.has_pos, 1.0 / math.sqrt(q.shape[-1]), r_q.new_zeros(())
+        triangle_cols = None if triangle is None else indexed_once(triangle)
+        beta_cols = None if beta is None else indexed_once(beta)
+
+        def parabola(score: Tensor, n: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            delta = [k_c[n, j] - q_c[n, i] for q_c, k_c in zip(r_q_cols, r_k_cols, strict=True)]
+            total = zero
+            if triangle_cols is not None:
+                quadratic = (t[n, h, i] * delta[p] * delta[c] for t, (p, c) in zip(triangle_cols, pairs, strict=True))
+                total = total + sum(quadratic)
+            if beta_cols is not None:
+                total = total + sum(b[n, h, i] * d for b, d in zip(beta_cols, delta, strict=True))
+            return score + torch.where(has_k[n, j], total * scale, 0.0).to(score.dtype)
+
+        return parabola
+
     def _projection(self, dtype: torch.dtype, device: torch.device) -> Tensor:
         """W_p (H, m, P) in ``dtype``; the identity per head when ``project`` is False (m = P)."""
         if self.w_p is None:
@@ -538,6 +593,8 @@ class ParabolicLayer(LayerEncoding):
             return positional_bias(*self._extra_features(inputs), q, inputs)
         if self.options.form != "explicit":
             return None
+        if self.in_position_space(q.device):
+            return self._position_space_bias(q, inputs)
         s_q, s_k = self._frame(inputs)
         a, b = self._coefficients_for_queries(inputs, s_q.dtype)
         delta = s_k.unsqueeze(2) - s_q.unsqueeze(3)  # (B, H, Nq, Nk, m): Δr_ij = W_p (r_j - r_i)
@@ -550,11 +607,17 @@ class ParabolicLayer(LayerEncoding):
         return out * inputs.key.has_pos[:, None, None, :] / math.sqrt(q.shape[-1])
 
     def dense_bias_elements(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> int:
+        if self.options.form == "explicit" and self.in_position_space(q.device):
+            # the (B, Nq, Nk, T + P) offsets' products, shared by the heads, and the (B, H, Nq, Nk) sum
+            per_pair = self.pair_indices.shape[-1] + self.pair_selection.shape[0] ** 0.5
+            return int(q.shape[0] * q.shape[-2] * k.shape[-2] * (per_pair + q.shape[1]))
         return pape_bias_elements(self.options, q, k, per_pair=self.m)
 
     def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod | None:
         if self.options.form != "explicit":
             return None  # the efficient form has no bias: it runs on SDPA's fused kernels
+        if self.in_position_space(q.device):
+            return self._position_space_score_mod(q, inputs)
         # Indexed per sample inside the kernel: positions shared by the batch (one sample,
         # first_sample_if_shared) are given every sample's row again, stored by the column
         # copies below (_flex.py's run_flex stores expanded kernel inputs too, a suspected

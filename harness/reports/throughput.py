@@ -93,7 +93,9 @@ def encoding_flops(
       features ~ 8 N H m; PaPE-RI: w_α, 2 N D H). PaPE in position space (``space``,
       "auto" on CUDA; adapters/pape.py): w = 1 + P(P+1)/2 + P; W_b is folded with W_p, so
       the projections are 2 N D H (m + P); a meets W_p's outer products, 2 N H m (P(P+1)/2
-      + P^2), in place of the m-wide features; 8 N H P^2 for the P-wide ones. ``low_precision: bias`` in bf16: the
+      + P^2), in place of the m-wide features; 8 N H P^2 for the P-wide ones; its explicit
+      form (``space: position`` asked for) 3 P(P+1)/2 + 3 P + 2 per pair instead of 5 m + 2.
+      ``low_precision: bias`` in bf16: the
       same product unpadded, to float32 accuracy as six bf16 piece products on the tensor
       cores (adapters/_float32_product.py), 12 N^2 H w, and the bias's add.
 
@@ -131,14 +133,16 @@ def encoding_flops(
         pape_options = PaPEOptions(**options)
         m = pape_options.m if pape_options.project else p
         projections = layers * (4.0 * n * d * h * m + 2.0 * n * h * m * p + 8.0 * n * h * m)
-        if pape_options.form == "explicit":
-            return projections + pairs * (5.0 * m + 2)
         if in_position_space(pape_options, p, torch.device(device).type):
             # W_a and W_b folded with W_p (m + P rows per head); a times W_p's outer products
             # (M_i); P-wide features
             t = p * (p + 1) // 2
             coefficients = layers * (2.0 * n * d * h * (m + p) + 2.0 * n * h * m * (t + p * p) + 8.0 * n * h * p * p)
+            if pape_options.form == "explicit":  # per pair: P differences, T products, T + P multiply-adds
+                return coefficients + pairs * (3.0 * t + 3 * p + 2)
             return coefficients + _widened_flops(feature_widths(pape_options, p)["position"], options, pairs, bf16)
+        if pape_options.form == "explicit":
+            return projections + pairs * (5.0 * m + 2)
         return projections + _widened_flops(feature_widths(pape_options, p)["projected"], options, pairs, bf16)
     if parsed.name == "pape-ri":
         projections = layers * 2.0 * n * d * h

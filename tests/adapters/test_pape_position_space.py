@@ -60,17 +60,16 @@ def test_position_space_equals_the_explicit_bias(ablation, grid, m, prefix, tile
     grid = tuple(grid)
     geometry = Geometry(pos_dim=len(grid), grid_shape=grid, num_prefix_tokens=prefix)
     options = {"m": m, **ablation}
-    position, explicit = _layers(geometry, seed, options, ({**POSITION, "frame_tile": tile}, EXPLICIT))
+    forms = ({**POSITION, "frame_tile": tile}, {**POSITION, **EXPLICIT}, EXPLICIT)
+    position, position_explicit, explicit = _layers(geometry, seed, options, forms)
     layout = PositionLayout.grid(2, grid, prefix)
     layout = layout.with_coords(layout.coords.double() * 1.7 + 3.0)
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(2, layout.coords.shape[1], DIM, dtype=torch.float64, generator=generator)
     if padded:  # two far, large padding tokens after the grid
         layout, x = with_padding(layout, x, 2, generator)
-    for output in ("logits", "outputs"):
-        expected, got = (
-            (layer.logits if output == "logits" else layer)(x, layout, causal=causal) for layer in (explicit, position)
-        )
+    for output, layer in itertools.product(("logits", "outputs"), (position, position_explicit)):
+        expected, got = ((m.logits if output == "logits" else m)(x, layout, causal=causal) for m in (explicit, layer))
         finite = torch.isfinite(expected)
         assert torch.equal(finite, torch.isfinite(got)), output
         torch.testing.assert_close(got[finite], expected[finite], rtol=1e-9, atol=1e-9, msg=output)
@@ -138,9 +137,13 @@ def test_auto_keeps_the_projected_space_off_cuda_and_takes_the_narrower_on_cuda(
     assert chooses({"space": "position"}, cpu) and not chooses({"space": "projected"}, cuda)
 
 
-def test_position_space_rejects_the_explicit_form():
-    with pytest.raises(ValueError, match="space 'position' applies to form 'efficient' only"):
-        build("pape", Geometry(pos_dim=2, grid_shape=(4, 4)), DIM, HEADS, 1, {"space": "position", "form": "explicit"})
+def test_the_explicit_form_keeps_the_papers_terms_unless_position_space_is_asked_for():
+    """The explicit form is the reference: "auto" keeps Eq. 9's m terms on CUDA too, and
+    ``space: position`` evaluates the quadratic form of the offsets per pair instead."""
+    geometry = Geometry(pos_dim=2, grid_shape=(4, 4))
+    for space, expected in (({}, False), (POSITION, True)):
+        layer = build("pape", geometry, DIM, HEADS, 1, {**EXPLICIT, **space}).make_layer(0)
+        assert layer.in_position_space(torch.device("cuda")) is expected
 
 
 def test_position_space_positional_bias_form_equals_the_projected_one():

@@ -97,6 +97,12 @@ def test_flop_model_by_action_point():
     coefficients = 12 * (2 * tokens * 768 * 12 * 52 + 2 * tokens * 12 * 50 * 7 + 8 * tokens * 12 * 4)
     assert position == pytest.approx(coefficients + 12 * 2 * tokens**2 * 12 * 24)
     assert 1.05 < flop_bound("pape", VIT_B, 224) < 1.1 < bounds["pape"]
+    # the explicit form keeps Eq. 9's 5 m + 2 per pair unless position space is asked for: 3 T + 3 P + 2
+    explicit = encoding_flops("pape[form=explicit]", VIT_B, tokens)
+    assert explicit == encoding_flops("pape[form=explicit,space=projected]", VIT_B, tokens)
+    pairs = 12 * 12 * tokens**2
+    position_explicit = encoding_flops("pape[form=explicit,space=position]", VIT_B, tokens)
+    assert position_explicit == pytest.approx(coefficients + pairs * 17)
     for method in ("rope", "rope-mixed", "alibi", "sincos", "relpos"):
         assert 1.0 < flop_bound(method, VIT_B, 224) < 1.06, method
     # STRING's basis change: per token 4 N D E per layer; folded into the projections (auto on

@@ -25,6 +25,7 @@ FLEX_ENCODINGS = [
     ("relpos", {"window": 2}),  # offsets beyond the window share the edge cells
     ("pape", {"form": "explicit", "m": 6}),
     ("pape", {"form": "explicit", "m": 3, "linear": False}),
+    ("pape", {"form": "explicit", "m": 6, "space": "position"}),  # Eq. 9 from the offsets themselves
     ("pape-ri", {"form": "explicit"}),
     ("pape-ri", {"form": "explicit", "wp_init": "geometric"}),  # a learned w_p: its gradient through Flex
     ("sape2", {}),
@@ -100,6 +101,7 @@ CAUSAL = [
     ("alibi", {}),
     ("relpos", {}),
     ("pape", {"form": "explicit", "m": 4}),
+    ("pape", {"form": "explicit", "m": 4, "space": "position"}),
     ("pape-ri", {"form": "explicit"}),
     ("sape2", {}),
     ("lookhere", {}),
