@@ -201,10 +201,10 @@ class PaPEOptions(WidenedFormOptions):
     #: frame_tile^P tokens without a grid) its own frame, centred on its queries (None: one
     #: frame for all queries, centred on the keys). See the module doc, "Frames".
     frame_tile: int | None = Field(None, ge=1)
-    #: efficient form: the space of the widened features (module doc, "Position space"):
-    #: "projected" (s = W_p r, 2m + 1 features: Eq. 13-14, the stored records' arithmetic),
-    #: "position" (r itself, 1 + P(P+1)/2 + P features), or "auto": position on CUDA where it
-    #: is narrower, projected elsewhere.
+    #: the space PaPE works in (module doc, "Position space"): "projected" (s = W_p r, 2m + 1
+    #: features: Eq. 13-14, the stored records' arithmetic), "position" (r itself, 1 + P(P+1)/2
+    #: + P features; the explicit form: the offsets' quadratic form per pair), or "auto":
+    #: position for the efficient form on CUDA where it is narrower, projected elsewhere.
     space: Literal["auto", "projected", "position"] = "auto"
 
 
