@@ -256,8 +256,11 @@ def positional_bias(q_extra: Tensor, k_extra: Tensor, q: Tensor, inputs: Attenti
     scaled = q_extra / math.sqrt(q.shape[-1])
     if scaled.dtype == torch.float32:
         # position space's keys are one tensor for all heads: the product takes one per head
-        heads = k_extra.to(torch.float32).expand(-1, q.shape[1], -1, -1)
-        keys = shared_by_query_chunks(inputs, "positional-bias-keys", lambda: keys_for_product(heads))
+        keys = shared_by_query_chunks(
+            inputs,
+            "positional-bias-keys",
+            lambda: keys_for_product(k_extra.to(torch.float32).expand(-1, q.shape[1], -1, -1)),
+        )
         return float32_product(scaled, keys, out_dtype=q.dtype)
     with torch.autocast(q_extra.device.type, enabled=False):
         return scaled @ k_extra.to(scaled.dtype).transpose(-1, -2)
@@ -328,9 +331,12 @@ class ParabolicLayer(LayerEncoding):
             self.register_parameter("w_p", None)
         # position space's pairs of coordinates (``pair_buffers``), buffers so that they follow
         # the layer's device (made outside any inference mode, which autograd would refuse)
+        self.pos_dim = pos_dim
         indices, selection = pair_buffers(pos_dim)
         self.register_buffer("pair_indices", indices, persistent=False)
         self.register_buffer("pair_selection", selection, persistent=False)
+        #: the pairs (p, q) as Python numbers, for the score_mod (a kernel's Python, not tensors)
+        self.coordinate_pairs = list(zip(*indices[:2].tolist(), strict=True))
         n_coef = int(options.quadratic) + int(options.linear)
         if options.context:
             self.w_ab = nn.Linear(dim, n_coef * num_heads * self.m, bias=False)
@@ -431,9 +437,8 @@ class ParabolicLayer(LayerEncoding):
         return widen_heads(q, k, *self._extra_features(inputs), split, self.options.pad_to)
 
     def in_position_space(self, device: torch.device) -> bool:
-        """Whether the efficient form's features are built from r itself (``in_position_space``)."""
-        pos_dim = self.m if self.w_p is None else self.w_p.shape[-1]
-        return in_position_space(self.options, pos_dim, device.type)
+        """Whether PaPE works from r itself on ``device`` (``in_position_space``)."""
+        return in_position_space(self.options, self.pos_dim, device.type)
 
     def _extra_features(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         """The efficient form's positional features f_q (B, H, Nq, w) and f_k (B or 1, H or
@@ -477,14 +482,10 @@ class ParabolicLayer(LayerEncoding):
         M_i = W_p^T diag(a_i) W_p and β_i = W_p^T b_i (module doc, "Position space"). The
         keys' features hold positions only: one (B or 1, 1, Nk, w) tensor for every head, and
         for every layer too when the frame is the keys' (not ``frame_tile``'s)."""
-        dtype = self.frame_dtype(inputs)
-        r_q, r_k = frame_coords(self.options, inputs, dtype)
-        w_p = self._projection(dtype, r_q.device)  # (H, m, P)
-        a, beta = self._position_space_coefficients(inputs, dtype, w_p)
+        r_q, r_k, triangle, form, beta = self._position_space_terms(inputs, whole=True)
         r_i = r_q.unsqueeze(1)  # (B or 1, 1, Nq, P): the same for every head
         q_parts, m_r = [], None
-        if a is not None:
-            triangle, form = self._quadratic_form(a, w_p, whole=True)
+        if triangle is not None:
             q_parts.append(triangle)
             m_r = (form * r_i.unsqueeze(-2)).sum(-1)  # M_i r_i
         # offset r_i^T M_i r_i - <β_i, r_i> = <M_i r_i - β_i, r_i>, and the linear columns
@@ -505,7 +506,7 @@ class ParabolicLayer(LayerEncoding):
             parts.append(r_k)
             return positioned_keys(torch.cat(parts, dim=-1).unsqueeze(1), inputs)
 
-        name = ("pape-position-key-features", dtype, self.options.quadratic)
+        name = ("pape-position-key-features", r_k.dtype, self.options.quadratic)
         if not self.options.tiled:  # positions alone, in the keys' frame: every layer's
             return q_extra, shared_by_query_chunks(inputs, name, lambda: shared_per_forward(inputs, name, keys))
         return q_extra, keys()
@@ -525,20 +526,23 @@ class ParabolicLayer(LayerEncoding):
         triangle, form = coefficients.split([pairs, pos_dim * pos_dim], dim=-1)
         return triangle, form.unflatten(-1, (pos_dim, pos_dim))
 
-    def _position_space_explicit(self, inputs: AttentionInputs, dtype: torch.dtype) -> tuple[Tensor, ...]:
-        """What the explicit form evaluates per pair in position space: the positions r_q
-        (B, Nq, P) and r_k (B, Nk, P) in the keys' frame, M_i's doubled triangle (B, H, Nq, T)
-        or None, and β_i (B, H, Nq, P) or None: S_ij = sum_t tri_i,t Δr_p Δr_q + <β_i, Δr>."""
+    def _position_space_terms(self, inputs: AttentionInputs, whole: bool) -> tuple[Tensor | None, ...]:
+        """What position space builds on, in the frame's dtype: the positions r_q (B or 1,
+        Nq, P) and r_k (B or 1, Nk, P) in the frame, M_i's doubled triangle (B, H, Nq, T),
+        with ``whole`` the whole M_i (B, H, Nq, P, P) (else None), and β_i (B, H, Nq, P);
+        M_i's parts are None without the quadratic term, β_i without the linear one.
+        S_ij = sum_t tri_i,t Δr_p Δr_q + <β_i, Δr>."""
+        dtype = self.frame_dtype(inputs)
         r_q, r_k = frame_coords(self.options, inputs, dtype)
-        w_p = self._projection(dtype, r_q.device)
+        w_p = self._projection(dtype, r_q.device)  # (H, m, P)
         a, beta = self._position_space_coefficients(inputs, dtype, w_p)
-        triangle = None if a is None else self._quadratic_form(a, w_p, whole=False)[0]
-        return r_q, r_k, triangle, beta
+        triangle, form = (None, None) if a is None else self._quadratic_form(a, w_p, whole)
+        return r_q, r_k, triangle, form, beta
 
     def _position_space_bias(self, q: Tensor, inputs: AttentionInputs) -> Tensor:
         """Eq. 9 per (query, key) pair from the offsets themselves, (B, H, Nq, Nk): the
         per-pair tensors are (B or 1, Nq, Nk, T + P), shared by the heads."""
-        r_q, r_k, triangle, beta = self._position_space_explicit(inputs, self.frame_dtype(inputs))
+        r_q, r_k, triangle, _, beta = self._position_space_terms(inputs, whole=False)
         delta = r_k.unsqueeze(1) - r_q.unsqueeze(2)  # (B or 1, Nq, Nk, P): r_j - r_i
         out = None
         if triangle is not None:
@@ -551,12 +555,11 @@ class ParabolicLayer(LayerEncoding):
 
     def _position_space_score_mod(self, q: Tensor, inputs: AttentionInputs) -> ScoreMod:
         """``_position_space_bias`` inside the kernel: per pair P differences, T + P products."""
-        r_q, r_k, triangle, beta = self._position_space_explicit(inputs, self.frame_dtype(inputs))
+        r_q, r_k, triangle, _, beta = self._position_space_terms(inputs, whole=False)
         # every sample's row, one copied tensor per column (``score_mod`` and ``indexed_once``
         # on expanded kernel inputs); positions carry no gradient, the coefficients do
         r_q_cols, r_k_cols = (indexed_once(r.expand(q.shape[0], -1, -1)) for r in (r_q, r_k))
-        pos_dim = len(r_q_cols)
-        pairs = [(p, c) for p in range(pos_dim) for c in range(p, pos_dim)]  # pair_indices' order
+        pairs = self.coordinate_pairs
         has_k, scale, zero = inputs.key.has_pos, 1.0 / math.sqrt(q.shape[-1]), r_q.new_zeros(())
         triangle_cols = None if triangle is None else indexed_once(triangle)
         beta_cols = None if beta is None else indexed_once(beta)
@@ -609,8 +612,8 @@ class ParabolicLayer(LayerEncoding):
     def dense_bias_elements(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> int:
         if self.options.form == "explicit" and self.in_position_space(q.device):
             # the (B, Nq, Nk, T + P) offsets' products, shared by the heads, and the (B, H, Nq, Nk) sum
-            per_pair = self.pair_indices.shape[-1] + self.pair_selection.shape[0] ** 0.5
-            return int(q.shape[0] * q.shape[-2] * k.shape[-2] * (per_pair + q.shape[1]))
+            per_pair = len(self.coordinate_pairs) + self.pos_dim
+            return q.shape[0] * q.shape[-2] * k.shape[-2] * (per_pair + q.shape[1])
         return pape_bias_elements(self.options, q, k, per_pair=self.m)
 
     def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod | None:
