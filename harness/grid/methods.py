@@ -51,6 +51,16 @@ class MethodSpec:
         """The factory backbones build this method's encoding with (task defaults merged)."""
         return EncodingFactory(self.name, self.merged_options(task_defaults))
 
+    def with_options(self, **changes: Any) -> MethodSpec:
+        """This spec with ``changes`` added to (or replacing) its options, e.g. PaPE's space
+        made explicit: ``parse_method("pape[m=8]").with_options(space="position")`` is
+        ``pape[m=8,space=position]``, validated as a spec the user typed would be."""
+        options = {**dict(self.options), **changes}
+        spec = parse_method(method_label(self.name, options))
+        if dict(spec.options) != options:  # a value the label cannot carry (a str YAML reads as another type)
+            raise ValueError(f"{self.name}: options {options} do not survive as the label {spec.label!r}")
+        return spec
+
 
 def parse_method(spec: str) -> MethodSpec:
     match = _SPEC.match(spec.strip())
@@ -69,6 +79,22 @@ def parse_method(spec: str) -> MethodSpec:
     except ValidationError as err:
         raise ValueError(option_errors(spec.strip(), name, cls.Options, err)) from None
     return MethodSpec(label=spec.strip(), name=name, options=tuple(sorted(options.items())))
+
+
+def method_label(name: str, options: dict[str, Any]) -> str:
+    """The spec string ``parse_method`` reads back as ``name`` with ``options``:
+    ``name[key=value,...]`` in the options' order, values in YAML's flow style without
+    spaces (a label is also a directory name), ``name`` alone without options."""
+    if not options:
+        return name
+    return f"{name}[{','.join(f'{key}={_flow(value)}' for key, value in options.items())}]"
+
+
+def _flow(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return f"[{','.join(_flow(v) for v in value)}]"
+    # YAML's own spelling of a scalar: 1.0e-05 (PyYAML reads 1e-05 as a string), 'true' quoted
+    return yaml.safe_dump(value).removesuffix("...\n").strip()
 
 
 def option_errors(spec: str, name: str, options: type[BaseModel], err: ValidationError) -> str:

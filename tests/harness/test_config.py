@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pe_bench.harness.config import ConfigError, load_run_config, parse_overrides
 from pe_bench.harness.grid.methods import parse_method, parse_methods
@@ -68,6 +70,47 @@ def test_method_options_may_be_lists():
     assert {spec} == {spec}  # hashable although a value is a list (cells are keyed by it)
     with pytest.raises(ValueError, match=r"option coordinate_scale=\[0.3, -1\]: must be a number > 0"):
         parse_method("cape[coordinate_scale=[0.3,-1]]")
+
+
+def test_with_options_writes_a_spec_that_parses_back():
+    """MethodSpec.with_options: the label a user would type, validated, options in order."""
+    assert parse_method("pape[m=8]").with_options(space="position").label == "pape[m=8,space=position]"
+    assert parse_method("pape").with_options(space="projected").label == "pape[space=projected]"
+    spec = parse_method("cape[coordinate_scale=[0.3,0.3,0.02]]").with_options(max_scale=1.2)
+    assert spec.label == "cape[coordinate_scale=[0.3,0.3,0.02],max_scale=1.2]"
+    assert parse_method(spec.label) == spec and dict(spec.options)["coordinate_scale"] == [0.3, 0.3, 0.02]
+    replaced = parse_method("pape[m=8,form=explicit]").with_options(m=2)
+    assert dict(replaced.options) == {"m": 2, "form": "explicit"}
+    with pytest.raises(ValueError, match="space"):  # validated: a bad value names its option
+        parse_method("pape").with_options(space="polar")
+
+
+_SCALARS = st.one_of(
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+    st.booleans(),
+    st.none(),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz_0123456789.", min_size=1, max_size=8),
+)
+
+
+_OPTION_NAMES = st.from_regex(r"[a-z_]{1,8}", fullmatch=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(_OPTION_NAMES, st.one_of(_SCALARS, st.lists(_SCALARS, max_size=4)), max_size=4))
+def test_method_label_round_trips_through_the_spec_reader(options):
+    """Every value a label carries reads back as itself: numbers YAML would read as strings
+    (1e-05), words it would read as booleans or null ('yes', 'null') and lists included."""
+    import yaml
+
+    from pe_bench.harness.grid.methods import method_label, split_top_level
+
+    label = method_label("enc", options)
+    assert " " not in label  # a label is also a directory name
+    pairs = split_top_level(label[len("enc[") : -1]) if options else []
+    read = {key: yaml.safe_load(raw) for key, _, raw in (pair.partition("=") for pair in pairs)}
+    assert read == options
 
 
 def test_every_task_profile_brings_off_grid_positions_to_capes_range():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pe_bench.harness.grid.methods import parse_method
 from pe_bench.harness.reports.bench import MODELS
 from pe_bench.harness.reports.throughput import flop_bound
 
@@ -42,7 +43,7 @@ def _measured_as(run: str, method: str) -> str:
     ``PAPE_PROJECTED_RUNS``)."""
     spec = MEASURED_AS.get((run, method), method)
     if run in PAPE_PROJECTED_RUNS and spec.startswith("pape") and not spec.startswith("pape-ri"):
-        return f"{spec[:-1]},space=projected]" if spec.endswith("]") else f"{spec}[space=projected]"
+        return parse_method(spec).with_options(space="projected").label
     return spec
 
 

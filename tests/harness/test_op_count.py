@@ -13,6 +13,7 @@ import torch
 
 from pe_bench.adapters import EncodingFactory, PositionLayout
 from pe_bench.harness.config import ModelConfig
+from pe_bench.harness.grid.methods import parse_method
 from pe_bench.harness.reports.op_count import operators_per_pass
 from pe_bench.tasks._shared.vit import ViT, image_geometry
 
@@ -70,8 +71,7 @@ def _position_space_rows() -> dict[str, tuple[int, int, int, str]]:
         spec = cells[0]
         if ", " in spec:  # "pape[m=8], position": the space as an option
             base, space = spec.split(", ")
-            option = f"space={space.split()[0]}"
-            spec = f"{base[:-1]},{option}]" if base.endswith("]") else f"{base}[{option}]"
+            spec = parse_method(base).with_options(space=space.split()[0]).label
         rows[spec] = (int(cells[1]), int(cells[2]), int(cells[3]), cells[6])
     return rows
 
@@ -81,7 +81,6 @@ POSITION_SPACE_ROWS = _position_space_rows()
 
 @pytest.mark.parametrize("spec", sorted(POSITION_SPACE_ROWS))
 def test_readme_position_space_counts_are_the_codes(spec):
-    from pe_bench.harness.grid.methods import parse_method
     from pe_bench.harness.reports.bench import MODELS
     from pe_bench.harness.reports.throughput import flop_bound
 
