@@ -662,7 +662,8 @@ def _profile_steps(args: argparse.Namespace) -> int:
 
 
 def _check_attention_kernel(args: argparse.Namespace) -> None:
-    """--attention-kernel flex trains only on CUDA: refuse a CPU run that times training."""
+    """--attention-kernel flex runs on the CPU eagerly and forward only: refuse a CPU run that
+    times training or compiles."""
     if args.attention_kernel != "flex" or args.device.startswith("cuda"):
         return
     training = bool(args.profile_step) or (not args.pape_precision and (args.train_batch > 0 or bool(args.throughput)))
@@ -670,6 +671,15 @@ def _check_attention_kernel(args: argparse.Namespace) -> None:
         raise ValueError(
             "bench --attention-kernel flex on the CPU: FlexAttention has no backward there, so no training step"
             " can be timed; add --train-batch 0 (and leave out --throughput and --profile-step), or use --device cuda"
+        )
+    if args.compile:
+        # Measured with torch 2.14 (stop 56): Inductor's CPU Flex template takes no score_mod that
+        # reads a tensor computed inside the compiled graph ("NoValidChoicesError ... Cannot Append
+        # Choice: Pointwise"), and every bias encoding's does (coordinates, alpha, gates).
+        raise ValueError(
+            "bench --compile --attention-kernel flex on the CPU: Inductor's CPU FlexAttention cannot compile the"
+            " bias encodings' score_mods; leave out --compile (eager Flex on the CPU), use --attention-kernel"
+            " dense, or --device cuda"
         )
 
 

@@ -196,6 +196,15 @@ def test_bench_refuses_to_time_flex_training_on_the_cpu(capsys):
     assert "--attention-kernel flex on the CPU" in error and "--train-batch 0" in error
 
 
+def test_bench_refuses_compiled_flex_on_the_cpu(capsys):
+    """Inductor's CPU Flex template cannot lower the score_mods (torch 2.14): a clear refusal
+    before any model is built, instead of a lowering traceback in the middle of the table."""
+    argv = ["bench", "--device", "cpu", "--attention-kernel", "flex", "--methods", "alibi", "--train-batch", "0"]
+    assert main([*argv, "--compile"]) != 0
+    error = capsys.readouterr().err
+    assert "--compile --attention-kernel flex on the CPU" in error and "--attention-kernel dense" in error
+
+
 @pytest.mark.parametrize(("name", "options"), [("alibi", {}), ("pape", {"form": "explicit", "m": 4})])
 def test_autos_size_rule_traces_in_one_graph(name, options):
     """On CUDA the rule runs inside compiled models: counting the dense bias (strides and
