@@ -225,6 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile-step", default=None, metavar="METHODS", help="only: each method's training step in torch.profiler"
     )
     bench.add_argument(
+        "--flex-probe",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="only: one layer's FlexAttention call at TOKENS (square) against SDPA, Flex without a score_mod and"
+        " a hand-written ALiBi one, strided and contiguous (--methods: the bias encodings, default alibi)",
+    )
+    bench.add_argument(
         "--forward", action=argparse.BooleanOptionalAction, default=True, help="the Table-4 forward table (default on)"
     )
     bench.add_argument("--grid", action="store_true", help="only the wall time of a tiny grid: 1 vs N jobs vs Ray")
@@ -544,6 +552,8 @@ def _bench(args: argparse.Namespace) -> int:
     _check_attention_kernel(args)
     if args.profile_step:
         return _profile_steps(args)
+    if args.flex_probe:
+        return _flex_probe(args)
     if args.pape_precision:
         from pe_bench.harness.reports.pape_precision import pape_precision_table
 
@@ -658,6 +668,24 @@ def _profile_steps(args: argparse.Namespace) -> int:
         title = f"## {method}: {form} training step at batch {batch} ({args.model}, {args.device})"
         title += ", operators by self time"
         print(title, profile_step(method, spec, batch), sep="\n", flush=True)
+    return 0
+
+
+def _flex_probe(args: argparse.Namespace) -> int:
+    import torch
+
+    from pe_bench.harness.reports.flex_probe import flex_probe_table
+
+    methods = list(_bench_methods(args.methods or "alibi"))
+    table = flex_probe_table(methods, args.flex_probe, args.device, repeats=args.repeats)
+    title = (
+        f"## One attention layer's FlexAttention call at {args.flex_probe:,} tokens ({args.device}, torch"
+        f" {torch.__version__}): median ms of {args.repeats} calls after a first (compiling) one"
+    )
+    print(title, table.to_markdown(index=False, floatfmt=".3g"), sep="\n")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out / "flex_probe.csv", index=False)
     return 0
 
 
