@@ -4,6 +4,7 @@ name says (eager Flex here: compiling every variant would take minutes on this C
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,3 +73,23 @@ def test_cli_prints_the_probe(eager_flex, monkeypatch, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "FlexAttention call at 64 tokens" in out and "flex, pe-bench lookhere" in out
     assert (tmp_path / "flex_probe.csv").read_text().count("flex, pe-bench lookhere") == 2
+
+
+def test_readme_probe_figures_are_the_shipped_ones():
+    """The README's table of the CPU probe is the CSV in benchmarks/, rounded to the ms."""
+    import pandas as pd
+
+    root = Path(__file__).resolve().parents[2]
+    table = pd.read_csv(root / "benchmarks" / "cpu-flex-probe-2026-11-28" / "flex_probe.csv")
+    readme = (root / "README.md").read_text()
+    names = {
+        "sdpa (no bias)": "SDPA, no bias",
+        "flex, no score_mod": "Flex, no score_mod",
+        "flex, hand ALiBi": "Flex, hand-written ALiBi",
+        "flex, pe-bench alibi": "Flex, pe-bench alibi",
+        "flex, pe-bench relpos": "Flex, pe-bench relpos",
+    }
+    for variant, label in names.items():
+        ms = table[table["variant"] == variant].set_index("layout")["ms"]
+        strided, contiguous = ms["strided (as the core passes them)"], ms["contiguous"]
+        assert f"| {label} | {strided:,.0f} | {contiguous:,.0f} |" in readme, label
