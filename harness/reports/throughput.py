@@ -32,7 +32,7 @@ from pe_bench.harness.reports.paired import PairedTiming, paired_timing
 #: the encodings of the GPU table (issue 16), nopos first.
 THROUGHPUT_METHODS = (
     "nopos", "sincos", "abspos", "cape", "rope", "rope-mixed", "string-cayley", "string-circulant",
-    "alibi", "relpos", "lookhere", "cope", "sape2", "pape", "pape[space=projected]", "pape[low_precision=bias]",
+    "wepe", "alibi", "relpos", "lookhere", "cope", "sape2", "pape", "pape[space=projected]", "pape[low_precision=bias]",
     "pape[m=8]", "pape-ri",
     "pape-ri[low_precision=bias]", "pape[form=explicit]",
 )  # fmt: skip

@@ -58,6 +58,17 @@ def test_an_encoding_that_cannot_be_built_is_reported():
     assert failure.startswith("error:") and "nonsense" in failure
 
 
+def test_the_gpu_table_times_every_shipped_encoding_and_bounds_it():
+    """Issue 16 asks every encoding to be near its FLOP bound: the table's default methods name
+    each registered encoding (wepe was missing until stop 56), and the model bounds each."""
+    from pe_bench.adapters import available
+    from pe_bench.harness.grid.methods import parse_method
+    from pe_bench.harness.reports.throughput import THROUGHPUT_METHODS
+
+    assert {parse_method(m).name for m in THROUGHPUT_METHODS} >= set(available())
+    assert all(flop_bound(m, VIT_B, 224) is not None for m in THROUGHPUT_METHODS)
+
+
 def test_flop_model_knows_no_plug_in(monkeypatch):
     from types import SimpleNamespace
 
