@@ -397,18 +397,22 @@ class ParabolicLayer(LayerEncoding):
         return (None if a is None else a * mask), (None if b is None else b * mask)
 
     def _position_space_coefficients(
-        self, inputs: AttentionInputs, dtype: torch.dtype, w_p: Tensor
+        self, inputs: AttentionInputs, dtype: torch.dtype, w_p: Tensor, whole: bool
     ) -> tuple[Tensor | None, Tensor | None]:
-        """a (B, H, Nq, m) and β = W_p^T b (B, H, Nq, P) as ``_coefficients_for_queries``
-        gives a and b. With ``context``, β comes from x_q directly: W_b and W_p are folded into
-        one (H P, D) weight per call, so W_ab's matrix product computes H P columns for the
-        linear term instead of H m (the rows of W_ab are a's, then b's)."""
+        """M_i's coefficients (B, H, Nq, T [+ P^2 with ``whole``], ``_quadratic_form``) and
+        β = W_p^T b (B, H, Nq, P), from a and b as ``_coefficients_for_queries`` gives them.
+        With ``context``, β comes from x_q directly: W_b and W_p are folded into one (H P, D)
+        weight per call, so W_ab's matrix product computes H P columns for the linear term
+        instead of H m (the rows of W_ab are a's, then b's); and a stays in the projection's
+        layout (token-major) until it has met W_p's outer products, so no (B, H, Nq, m) copy of
+        it exists (until stop 56 its mask and the heads' transpose made two)."""
         if not (self.options.context and self.options.linear):
             a, b = self._coefficients_for_queries(inputs, dtype)
+            m_coefficients = None if a is None else self._quadratic_form(a, w_p, whole)
             if b is None:
-                return a, None
+                return m_coefficients, None
             with torch.autocast(b.device.type, enabled=False):  # autocast would run it in bf16
-                return a, b @ w_p
+                return m_coefficients, b @ w_p
         weight, heads, pos_dim = self.w_ab.weight, self.num_heads, w_p.shape[-1]
         a_rows = weight.shape[0] - self.m * heads
         w_a, w_b = weight.split([a_rows, self.m * heads])  # split, not slices: one cat backward
@@ -421,14 +425,16 @@ class ParabolicLayer(LayerEncoding):
         beta = beta_raw.unflatten(-1, (heads, pos_dim)).transpose(1, 2) * mask
         if not self.options.quadratic:
             return None, beta
-        if not self.options.softplus:
-            return a_raw.unflatten(-1, (heads, self.m)).transpose(1, 2) * mask, beta
-        # a = -softplus(.) zeroed off position in one product with -mask (the same numbers).
+        # a = -softplus(.) zeroed off position: the sign and the zeros commute exactly with the
+        # product, so they go on M's T (+ P^2) columns after it, in one product with -mask.
         # softplus before the heads' transpose: its backward then reads two tensors of one
         # layout, whose output layout a compiled backward (AOTAutograd) predicts as the eager
         # CPU kernel makes it (after the transpose it did not, and its view of the gradient failed)
-        negative = shared_per_forward(inputs, ("negative-query-mask", dtype), lambda: -mask)
-        return F.softplus(a_raw).unflatten(-1, (heads, self.m)).transpose(1, 2) * negative, beta
+        if self.options.softplus:
+            a_raw, mask = F.softplus(a_raw), shared_per_forward(inputs, ("negative-query-mask", dtype), lambda: -mask)
+        with torch.autocast(a_raw.device.type, enabled=False):
+            a = a_raw.to(dtype).unflatten(-1, (heads, self.m)).transpose(1, 2)  # a view: (B, H, Nq, m)
+        return self._quadratic_form(a, w_p, whole) * mask, beta
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         if self.options.form == "explicit" or self.options.positional_bias_form(q):
@@ -511,20 +517,21 @@ class ParabolicLayer(LayerEncoding):
             return q_extra, shared_by_query_chunks(inputs, name, lambda: shared_per_forward(inputs, name, keys))
         return q_extra, keys()
 
-    def _quadratic_form(self, a: Tensor, w_p: Tensor, whole: bool) -> tuple[Tensor, Tensor | None]:
-        """M_i = W_p^T diag(a_i) W_p per query, in a's dtype outside autocast (which would run
-        it in bf16): its upper triangle (B, H, Nq, P(P+1)/2), off-diagonal entries doubled
-        (r^T M r = sum over pairs p <= q of that times r_p r_q), and with ``whole`` the whole
-        (B, H, Nq, P, P), both from one product of a with W_p's rows' outer products W_p,c ⊗ W_p,c."""
-        pos_dim, pairs = w_p.shape[-1], self.pair_indices.shape[-1]
-        selection = self.pair_selection if whole else self.pair_selection[:, :pairs]
+    def _quadratic_form(self, a: Tensor, w_p: Tensor, whole: bool) -> Tensor:
+        """M_i = W_p^T diag(a_i) W_p per query from a (B, H, Nq, m), in a's dtype outside
+        autocast (which would run it in bf16): its upper triangle (off-diagonal entries
+        doubled: r^T M r = sum over pairs p <= q of that times r_p r_q), T columns, and with
+        ``whole`` the whole M_i after them, P^2 more; (B, H, Nq, T [+ P^2]), from one product
+        of a with W_p's rows' outer products W_p,c ⊗ W_p,c. The product is one matrix per head
+        over all the batch's queries, (H, B Nq, m): a view of a token-major a (the
+        projection's layout), so the queries are never copied into the heads' order."""
+        batch, heads, queries, m = a.shape
+        selection = self.pair_selection if whole else self.pair_selection[:, : self.pair_indices.shape[-1]]
         with torch.autocast(a.device.type, enabled=False):
-            outer = (w_p.unsqueeze(-1) * w_p.unsqueeze(-2)).flatten(-2) @ selection.to(a.dtype)
-            coefficients = a @ outer
-        if not whole:
-            return coefficients, None
-        triangle, form = coefficients.split([pairs, pos_dim * pos_dim], dim=-1)
-        return triangle, form.unflatten(-1, (pos_dim, pos_dim))
+            outer = (w_p.unsqueeze(-1) * w_p.unsqueeze(-2)).flatten(-2) @ selection.to(a.dtype)  # (H, m, T [+ P^2])
+            by_head = a.transpose(0, 1).reshape(heads, batch * queries, m)  # a view when a is token-major
+            coefficients = torch.bmm(by_head, outer)
+        return coefficients.unflatten(1, (batch, queries)).transpose(0, 1)
 
     def _position_space_terms(self, inputs: AttentionInputs, whole: bool) -> tuple[Tensor | None, ...]:
         """What position space builds on, in the frame's dtype: the positions r_q (B or 1,
@@ -535,8 +542,14 @@ class ParabolicLayer(LayerEncoding):
         dtype = self.frame_dtype(inputs)
         r_q, r_k = frame_coords(self.options, inputs, dtype)
         w_p = self._projection(dtype, r_q.device)  # (H, m, P)
-        a, beta = self._position_space_coefficients(inputs, dtype, w_p)
-        triangle, form = (None, None) if a is None else self._quadratic_form(a, w_p, whole)
+        m_coefficients, beta = self._position_space_coefficients(inputs, dtype, w_p, whole)
+        triangle = form = None
+        if m_coefficients is not None and whole:
+            pos_dim = w_p.shape[-1]
+            triangle, form = m_coefficients.split([self.pair_indices.shape[-1], pos_dim * pos_dim], dim=-1)
+            form = form.unflatten(-1, (pos_dim, pos_dim))
+        elif m_coefficients is not None:
+            triangle = m_coefficients
         return r_q, r_k, triangle, form, beta
 
     def _position_space_bias(self, q: Tensor, inputs: AttentionInputs) -> Tensor:
