@@ -694,7 +694,8 @@ def _check_attention_kernel(args: argparse.Namespace) -> None:
     times training or compiles."""
     if args.attention_kernel != "flex" or args.device.startswith("cuda"):
         return
-    training = bool(args.profile_step) or (not args.pape_precision and (args.train_batch > 0 or bool(args.throughput)))
+    forward_only = args.pape_precision or args.flex_probe  # their own measurements, no training step
+    training = bool(args.profile_step) or (not forward_only and (args.train_batch > 0 or bool(args.throughput)))
     if training:
         raise ValueError(
             "bench --attention-kernel flex on the CPU: FlexAttention has no backward there, so no training step"

@@ -69,7 +69,8 @@ def test_cli_prints_the_probe(eager_flex, monkeypatch, capsys, tmp_path):
 
     monkeypatch.setattr(flex_probe, "flex_probe_table", small)
     argv = ["bench", "--device", "cpu", "--flex-probe", "64", "--repeats", "1", "--out", str(tmp_path)]
-    assert main([*argv, "--methods", "lookhere"]) == 0
+    # the probe runs Flex itself and times no training step: --attention-kernel flex is no conflict
+    assert main([*argv, "--methods", "lookhere", "--attention-kernel", "flex"]) == 0
     out = capsys.readouterr().out
     assert "FlexAttention call at 64 tokens" in out and "flex, pe-bench lookhere" in out
     assert (tmp_path / "flex_probe.csv").read_text().count("flex, pe-bench lookhere") == 2
