@@ -16,7 +16,8 @@ variants that each take one difference away:
 
 Each runs on q, k, v as the core passes them (strided views of the qkv projection, heads
 interleaved per token) and on contiguous copies. Measured on this CPU (torch 2.14, Inductor's
-CPU Flex template, 4,096 tokens): the strided inputs took 2.4x the contiguous ones' time.
+CPU Flex template, 4,096 tokens; benchmarks/cpu-flex-probe-2026-11-28): the captured ALiBi call
+took 2.8x as long on the strided inputs as on contiguous ones (3,284 against 1,165 ms).
 Every Flex variant is compiled as the core compiles Flex on CUDA (``_flex``), on the CPU too,
 where the core itself runs Flex eagerly. A column gives each output's largest difference
 from the captured call's, so a variant that computes another function is visible as such
