@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pe_bench.adapters import PositionLayout
 from pe_bench.adapters.alibi import alibi_slopes
 
 #: the layer the sweep measures: ViT-B's width
@@ -89,8 +90,9 @@ def capture_flex_call(
 def _hand_alibi(tokens: int, heads: int, device: torch.device) -> Callable:
     """ALiBi's score_mod with nothing but the grid's coordinates and the head slopes."""
     side = math.isqrt(tokens)
-    rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
-    y, x = (c.reshape(-1).to(device, torch.float32) for c in (rows, cols))
+    # the grid the captured layer sees (sweep._attention_layer: no prefix tokens), one
+    # contiguous tensor per axis, as a hand-written score_mod would hold them
+    y, x = PositionLayout.grid(1, (side, side), device=device).coords[0].T.contiguous()
     slopes = alibi_slopes(heads).to(device)
 
     def hand_alibi(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
