@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
+from ._host import on_host
 from .base import EncodingOptions, PositionEncoding, PositionLayout, Principle
 from .registry import register
 
@@ -97,8 +98,18 @@ def lattice_indices(omega1: Tensor, omega2: Tensor, num_terms: int) -> Tensor:
     How many points complete the last shell depends on the learned half-period's value, so
     this runs eagerly (``torch.compiler.disable``): it is the one graph break of a compiled
     WePE model, made here on purpose rather than by Dynamo at every ``.item()`` below
-    (tests/harness/test_compile.py checks that no other break exists).
+    (tests/harness/test_compile.py checks that no other break exists). The search runs on
+    the host, on one copy of both half-periods: on a GPU, each ``.item()`` on the device
+    would wait for the queued kernels, five times per forward, where the copy waits once
+    (tests/harness/test_host_sync.py); it has a few hundred candidates, too few for a GPU.
     """
+    device = omega1.device
+    with on_host(omega1, omega2) as (omega1, omega2):
+        indices = _nearest_lattice_indices(omega1, omega2, num_terms)
+    return indices.to(device)
+
+
+def _nearest_lattice_indices(omega1: Tensor, omega2: Tensor, num_terms: int) -> Tensor:
     with torch.no_grad():
         p1, p2 = (2 * omega1).abs().item(), (2 * omega2).abs().item()
         # A disc holding num_terms points has radius ~ sqrt(K * cell area / pi); the box

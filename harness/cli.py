@@ -584,7 +584,7 @@ def _bench(args: argparse.Namespace) -> int:
             "## Median ms with its IQR (inference per image; one training step), each relative to nopos in the"
             f" same run; GFLOPs per image; peak inference memory at batch {batches[0]}; computing operators"
             " (kernels, views left out) of a forward (ops_fwd) and of a training forward + backward (ops_train)"
-            " at batch 1",
+            " at batch 1, and the training pass's waits of the host for a GPU (host_syncs_train)",
             forward.to_markdown(),
             "",
         ]

@@ -18,7 +18,10 @@ inference forward and one training forward + backward at batch 1 (``op_count.py`
 machine-independent figure behind eager per-operator overhead, which dominates small
 batches on a GPU; ``written_mib_train_b{B}_bf16`` the MiB their outputs take in one
 bf16-autocast training forward + backward at the training batch: the figure behind an
-eager step's memory-bound elementwise work at large batches. Both count this device's
+eager step's memory-bound elementwise work at large batches; ``host_syncs_train`` the
+times one training forward + backward at batch 1 makes the host wait for a GPU
+(``host_sync.py``: ``.item()``, boolean masks, ``nonzero``, ...; 0 but for WePE's one
+declared copy), each of which idles the GPU while the host queues work again. All count this device's
 path (on CPU the bias encodings' dense bias and PaPE's zero-padded v). Peak
 memory on CPU is the peak resident set of a fresh subprocess per point above the bare
 interpreter with torch loaded (torch has no CPU allocator statistics), so it includes
@@ -46,6 +49,7 @@ from pe_bench.adapters.base import positional_parameters
 from pe_bench.harness.attention import attention_kernel, set_attention_kernel
 from pe_bench.harness.compile import compile_model
 from pe_bench.harness.config import ModelConfig
+from pe_bench.harness.reports.host_sync import host_syncs_per_step
 from pe_bench.harness.reports.op_count import bytes_written_per_step, operators_per_pass
 from pe_bench.tasks._shared.vit import ViT, image_geometry
 
@@ -263,6 +267,7 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
             low = torch.bfloat16 if spec.device.startswith("cuda") else None  # as the timed passes run
             with attention_kernel("dense"):
                 row["ops_fwd"], row["ops_train"] = operators_per_pass(models[method], first[:1], low)
+                row["host_syncs_train"] = len(host_syncs_per_step(models[method], first[:1]).syncs)
                 if spec.train_batch:
                     row[f"written_mib_train_b{spec.train_batch}_bf16"] = bf16_mib_written(models[method], size, spec)
         rows.append(row)
