@@ -14,7 +14,12 @@ from pe_bench.harness import attention
 from pe_bench.harness.attention import attention_kernel
 from pe_bench.harness.config import ModelConfig
 from pe_bench.harness.grid.methods import parse_method
-from pe_bench.harness.reports.host_sync import COPY_TO_HOST, HostSyncRecorder, host_syncs_per_step
+from pe_bench.harness.reports.host_sync import (
+    COPY_TO_HOST,
+    HostSyncRecorder,
+    host_syncs_per_step,
+    waits_for_device,
+)
 from pe_bench.tasks._shared.vit import ViT, image_geometry
 
 TINY = ModelConfig(dim=32, depth=2, num_heads=4, mlp_ratio=2.0, patch_size=4)
@@ -75,6 +80,17 @@ def test_recorder_passes_what_does_not_wait():
     assert recorder.syncs == []
 
 
+def test_a_copy_from_a_device_to_the_host_waits():
+    """What the CPU cannot run (its tensors are on the host already), on a meta tensor: a copy
+    from any device to the CPU waits, one to the device or within the host does not."""
+    to_copy = torch.ops.aten._to_copy.default
+    on_device, on_host_ = torch.empty(2, device="meta"), torch.empty(2)
+    assert waits_for_device(to_copy, (on_device,), {"device": torch.device("cpu")})
+    assert not waits_for_device(to_copy, (on_host_,), {"device": torch.device("meta")})
+    assert not waits_for_device(to_copy, (on_host_,), {"device": torch.device("cpu")})
+    assert not waits_for_device(to_copy, (on_device,), {"dtype": torch.float16})
+
+
 def test_declared_copy_is_one_wait_and_its_host_work_none():
     omega1, omega2 = wepe.WeierstrassPE.half_periods(_vit("wepe").encoding)
     with HostSyncRecorder() as recorder:
@@ -100,6 +116,18 @@ def test_training_step_waits_only_where_declared(method):
     images = torch.randn(2, 3, 16, 16)
     with attention_kernel("dense"):
         recorder = host_syncs_per_step(_vit(method), images)
+    assert _operators(recorder) == DECLARED.get(method, []), recorder.by_source()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", [*available(), *CUDA_AND_CHOSEN_FORMS])
+def test_training_step_on_cuda_waits_only_where_declared(method):
+    """On a GPU the recorder also sees copies to the host (``_to_copy`` to the CPU), which the
+    CPU cannot: an undeclared ``.cpu()`` in a CUDA-only path fails here."""
+    images = torch.randn(2, 3, 16, 16, device="cuda")
+    with attention_kernel("dense"):
+        recorder = host_syncs_per_step(_vit(method).cuda(), images)
     assert _operators(recorder) == DECLARED.get(method, []), recorder.by_source()
 
 
