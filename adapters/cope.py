@@ -39,6 +39,10 @@ order, so a global translation of the positions leaves every logit unchanged; th
 content-dependent (context awareness). Directionality and distance decay are learned, not
 built in, so they are not claimed; the N x N bias rules out the fused kernel.
 
+On CUDA the bias runs as one compiled function (``FUSED_COPE``: 15 kernels instead of 52
+operators per layer, forward and backward, measured with Inductor's CPU kernels); elsewhere
+eagerly.
+
 No FlexAttention form: a score_mod sees one (query, key) pair, but p_ij is a sum of the
 query's gates over every key from j on, so each pair needs a reduction over the whole key
 sequence. Computed as an attention against step values (SaPE²'s trick) the positions are
@@ -54,6 +58,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
+from ._fused import FusedFunction
 from .abspos import OptionalAbsPosEncoding
 from .base import (
     AttentionInputs,
@@ -156,6 +161,42 @@ def causal_keep(n_q: int, n_k: int, device: torch.device) -> Tensor:
     return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
 
 
+def cope_bias(
+    q: Tensor, k: Tensor, table: Tensor, bins: CountBins, query_has_pos: Tensor, key_has_pos: Tensor,
+    keep: Tensor | None,
+) -> Tensor:  # fmt: skip
+    """CoPE's bias r_ij / sqrt(d) (Eq. 3, 7, 8), (B, H, Nq, Nk): the gates of q . k, counted
+    over the keys (``bins``: ``count_bins``; ``keep``: the causal mask or None), interpolated
+    in ``table`` (d, npos_max), and 0 wherever the query or the key has no position."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    # The gates and their counts in at least float32: a count is a sum of up to Nk gates,
+    # and in bf16 p >= 128 keeps no fraction for the interpolation (steps of 1 there),
+    # p >= 256 not even its integer. Under CPU bf16 autocast, which leaves cumsum in bf16,
+    # the bias was 17 % (14 x 14) and 76 % (32 x 32) off float32's in relative L2; CUDA
+    # autocast sums in float32, but bf16 gates left it 1.8 % and 4.1 % off; now 1.0 % and
+    # 2.2 %, the rounding of q and k themselves (tests/adapters/test_enc_cope.py).
+    counting = torch.promote_types(q.dtype, torch.float32)
+    logits = (q * scale) @ k.transpose(-1, -2)  # scaled before the product: one N x N pass fewer
+    gates = torch.sigmoid(logits.to(counting))
+    if keep is not None:
+        gates = gates * keep.to(gates.dtype)
+    r = interpolated_logits(q, table, suffix_counts(gates, bins))
+    pair = query_has_pos[:, None, :, None] & key_has_pos[:, None, None, :]
+    return r * (pair.to(r.dtype) / math.sqrt(q.shape[-1]))  # mask and scale in one pass over r
+
+
+def _fusable_cope_bias(q, k, table, summed_into, read_at, query_has_pos, key_has_pos, keep):
+    return cope_bias(q, k, table, CountBins(summed_into, read_at), query_has_pos, key_has_pos, keep)
+
+
+#: ``cope_bias`` as one compiled function (``adapters/_fused.py``; "auto": on CUDA). Eager,
+#: CoPE's bias is about 15 passes over (B, H, N, N) float32 tensors per layer and as many in
+#: the backward (gates, their bins, the cumulative sum, the gathers and the interpolation's
+#: floor, fraction and lerp, the mask): on an H200 (11-27) CoPE trained at 4.32x its FLOP
+#: bound. Compiled, the elementwise steps join the kernels around the scatter and the scan.
+FUSED_COPE = FusedFunction(_fusable_cope_bias, "the fused CoPE bias", "cope.FUSED_COPE.chosen('eager')", 64)
+
+
 class CoPELayer(LayerEncoding):
     tables = frozenset({"pos_emb"})  # position-indexed: optim.table_lr_scale applies
     bias_by_query_chunks = True  # a query's gates are counted over the keys alone
@@ -165,28 +206,15 @@ class CoPELayer(LayerEncoding):
         self.pos_emb = nn.Parameter(torch.zeros(head_dim, npos_max))
         nn.init.trunc_normal_(self.pos_emb, std=init_std)
 
-    def positions(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
-        """p_ij of Eq. 8 (with the non-causal extension), (B, H, Nq, Nk)."""
+    @staticmethod
+    def count_bins_of(inputs: AttentionInputs) -> CountBins:
+        """The key layout's count bins: once per forward for every layer (the memo is keyed by
+        the key layout), and once per attention call in chunks of queries, whose layouts are
+        new ones without that memo (65,536 tokens: 385 chunks per layer would sort them again)."""
         key = inputs.key
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        # The gates and their counts in at least float32: a count is a sum of up to Nk gates,
-        # and in bf16 p >= 128 keeps no fraction for the interpolation (steps of 1 there),
-        # p >= 256 not even its integer. Under CPU bf16 autocast, which leaves cumsum in bf16,
-        # the bias was 17 % (14 x 14) and 76 % (32 x 32) off float32's in relative L2; CUDA
-        # autocast sums in float32, but bf16 gates left it 1.8 % and 4.1 % off; now 1.0 % and
-        # 2.2 %, the rounding of q and k themselves (tests/adapters/test_enc_cope.py).
-        counting = torch.promote_types(q.dtype, torch.float32)
-        logits = (q * scale) @ k.transpose(-1, -2)  # scaled before the product: one N x N pass fewer
-        gates = torch.sigmoid(logits.to(counting))
-        if inputs.causal:
-            gates = gates * causal_keep(q.shape[-2], k.shape[-2], q.device).to(gates.dtype)
-        # positions only: once per forward for every layer (the memo is keyed by the key
-        # layout), and once per attention call in chunks of queries, whose layouts are new
-        # ones without that memo (65,536 tokens: 385 chunks per layer would sort them again)
-        bins = shared_by_query_chunks(
-            inputs, "cope-bins", lambda: shared_per_forward(inputs, "cope-bins", lambda: self._count_bins(key))
+        return shared_by_query_chunks(
+            inputs, "cope-bins", lambda: shared_per_forward(inputs, "cope-bins", lambda: CoPELayer._count_bins(key))
         )
-        return suffix_counts(gates, bins)
 
     @staticmethod
     def _count_bins(key: PositionLayout) -> CountBins:
@@ -197,10 +225,13 @@ class CoPELayer(LayerEncoding):
         return q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2]  # content gates: every sample's own
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
-        p = self.positions(q, k, inputs)
-        r = interpolated_logits(q, self.pos_emb, p)
-        pair = inputs.query.has_pos[:, None, :, None] & inputs.key.has_pos[:, None, None, :]
-        return r * (pair.to(r.dtype) / math.sqrt(q.shape[-1]))  # mask and scale in one pass over r
+        bins = self.count_bins_of(inputs)
+        keep = causal_keep(q.shape[-2], k.shape[-2], q.device) if inputs.causal else None
+        has_pos = (inputs.query.has_pos, inputs.key.has_pos)
+        eager = lambda: cope_bias(q, k, self.pos_emb, bins, *has_pos, keep)  # noqa: E731
+        if not FUSED_COPE.wanted(q.device):
+            return eager()
+        return FUSED_COPE(eager, q, k, self.pos_emb, *bins, *has_pos, keep)
 
 
 @register("cope")

@@ -28,19 +28,14 @@ frequencies per layer, so only the key-centred coordinates are shared there.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import warnings
-from collections.abc import Iterator
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from ._flex import raise_recompile_limit
+from ._fused import KERNEL_CHOICES, FusedFunction, KernelChoice
 from .base import (
     AttentionInputs,
     EncodingOptions,
@@ -141,28 +136,18 @@ def rotate_qk(q: Tensor, k: Tensor, q_angles: Tensor, k_angles: Tensor) -> tuple
     return rotate_both(q, k, q_tables, k_tables)
 
 
-RotationKernel = Literal["auto", "fused", "eager"]
-ROTATION_KERNELS: tuple[RotationKernel, ...] = ("auto", "fused", "eager")
-_rotation_kernel: RotationKernel = "auto"
+def _rotate_two(q: Tensor, k: Tensor, q_cos: Tensor, q_sin: Tensor, k_cos: Tensor, k_sin: Tensor):
+    return _rotate_channels(q, q_cos, q_sin), _rotate_channels(k, k_cos, k_sin)
 
 
-@contextlib.contextmanager
-def rotation_kernel(policy: RotationKernel) -> Iterator[None]:
-    """How ``rotate_both`` runs inside the block: "fused" (one compiled kernel, below),
-    "eager" (``rotate``'s four passes per tensor), or "auto": fused on CUDA, eager elsewhere
-    (the CPU's stored records were trained eagerly, and their bits are kept)."""
-    global _rotation_kernel
-    if policy not in ROTATION_KERNELS:
-        raise ValueError(f"rotation_kernel: the policy must be one of {ROTATION_KERNELS}, got {policy!r}")
-    previous, _rotation_kernel = _rotation_kernel, policy
-    try:
-        yield
-    finally:
-        _rotation_kernel = previous
-
-
-#: the compile error that made "auto" give up the fused rotation in this process (at most one)
-_fused_rotation_failed: list[Exception] = []
+#: the rotation of q and k as one compiled function (``rotate_both``); ``FUSED_ROTATION.chosen``
+#: ("auto": fused on CUDA) is ``pe-bench bench --rotation-kernel``. Its variants: one per dtype,
+#: layout and grad mode, and shapes beyond the first become dynamic (Dynamo's default of 8 is
+#: soon reached by a grid that trains in bf16 and evaluates at several resolutions)
+FUSED_ROTATION = FusedFunction(_rotate_two, "the fused rotation", "rope.rotation_kernel('eager')", 64)
+rotation_kernel = FUSED_ROTATION.chosen
+RotationKernel = KernelChoice
+ROTATION_KERNELS = KERNEL_CHOICES
 
 
 def rotate_both(q: Tensor, k: Tensor, q_tables: RotationTables, k_tables: RotationTables) -> tuple[Tensor, Tensor]:
@@ -179,56 +164,11 @@ def rotate_both(q: Tensor, k: Tensor, q_tables: RotationTables, k_tables: Rotati
     traced instead. Fused results may differ from eager ones in the last bit of 16-bit
     outputs (one rounding instead of three).
     """
-    if not _fuses(_checked_width(q, q_tables), _checked_width(k, k_tables), q.device):
-        return rotate(q, q_tables), rotate(k, k_tables)
-    try:
-        return _fused_rotation()(q, k, q_tables.cos, q_tables.sin, k_tables.cos, k_tables.sin)
-    except torch._dynamo.exc.TorchDynamoException as error:
-        # Compilation failed (Dynamo or the backend, e.g. no working Triton): "auto" falls
-        # back, visibly. Errors of running (out of memory, say) are not caught: they would
-        # fail the eager passes too, and a fallback would silently change what a run measures.
-        if _rotation_kernel == "fused":
-            raise
-        warnings.warn(
-            f"the fused rotation did not compile ({type(error).__name__}: {error}); rotations run eagerly"
-            " (rope.rotation_kernel('eager') silences this)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        _fused_rotation_failed.append(error)
-        return rotate(q, q_tables), rotate(k, k_tables)
-
-
-def _fuses(q_width: int, k_width: int, device: torch.device) -> bool:
-    if torch.compiler.is_compiling() or q_width % 2 or k_width % 2:
-        return False  # traced into a compiled model already; odd heads keep rotate's slicing
-    if is_in_torch_dispatch_mode(include_infra_modes=False):
-        # Counting modes (FlopCounterMode, bench's operator and byte counters) see every
-        # operator eagerly: Dynamo skips compiled frames under them, and fullgraph raises
-        return False
-    if _rotation_kernel == "auto":
-        return _auto_fuses_on(device) and not _fused_rotation_failed
-    return _rotation_kernel == "fused"
-
-
-def _auto_fuses_on(device: torch.device) -> bool:
-    return device.type == "cuda"
-
-
-def _rotate_two(q: Tensor, k: Tensor, q_cos: Tensor, q_sin: Tensor, k_cos: Tensor, k_sin: Tensor):
-    return _rotate_channels(q, q_cos, q_sin), _rotate_channels(k, k_cos, k_sin)
-
-
-#: compiled variants the fused rotation may hold: one per dtype, layout and grad mode, and
-#: shapes beyond the first become dynamic (Dynamo's default of 8 is soon reached by a grid
-#: that trains in bf16 and evaluates at several resolutions)
-FUSED_ROTATION_RECOMPILE_LIMIT = 64
-
-
-@functools.cache
-def _fused_rotation():
-    raise_recompile_limit(FUSED_ROTATION_RECOMPILE_LIMIT)
-    return torch.compile(_rotate_two, fullgraph=True)
+    q_width, k_width = _checked_width(q, q_tables), _checked_width(k, k_tables)
+    eager = lambda: (rotate(q, q_tables), rotate(k, k_tables))  # noqa: E731
+    if q_width % 2 or k_width % 2 or not FUSED_ROTATION.wanted(q.device):
+        return eager()  # odd heads keep rotate's slicing
+    return FUSED_ROTATION(eager, q, k, q_tables.cos, q_tables.sin, k_tables.cos, k_tables.sin)
 
 
 def rotation_angles(layout: PositionLayout, frequencies: Tensor) -> Tensor:

@@ -215,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
         " passes on CPU), fused or eager",
     )
     bench.add_argument(
+        "--cope-kernel",
+        default="auto",
+        choices=["auto", "fused", "eager"],
+        help="CoPE's N x N bias (gates, counts, interpolation): auto (one compiled function on CUDA, eager"
+        " passes on CPU), fused or eager",
+    )
+    bench.add_argument(
         "--throughput", action=argparse.BooleanOptionalAction, default=None, help="img/s table (default: on CUDA)"
     )
     bench.add_argument("--throughput-batch", type=_ints, default=[1, 128], help="batches of the img/s table")
@@ -529,11 +536,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pe_bench.adapters.rope import rotation_kernel
+    from pe_bench.adapters.cope import FUSED_COPE
+    from pe_bench.adapters.rope import FUSED_ROTATION
 
-    if args.rotation_kernel != "auto":
-        print(f"rotation kernel: {args.rotation_kernel}", flush=True)
-    with rotation_kernel(args.rotation_kernel):
+    for name, choice in (("rotation", args.rotation_kernel), ("CoPE", args.cope_kernel)):
+        if choice != "auto":
+            print(f"{name} kernel: {choice}", flush=True)
+    with FUSED_ROTATION.chosen(args.rotation_kernel), FUSED_COPE.chosen(args.cope_kernel):
         return _bench(args)
 
 

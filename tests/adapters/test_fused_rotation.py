@@ -43,8 +43,8 @@ def _step(layer: Attention, x: torch.Tensor, layout: PositionLayout, policy: str
 def _count_fused_calls(monkeypatch) -> list[int]:
     """The compiled rotation, with each of its calls appended to the returned list."""
     calls: list[int] = []
-    compiled = rope._fused_rotation()
-    monkeypatch.setattr(rope, "_fused_rotation", lambda: lambda *a: calls.append(1) or compiled(*a))
+    compiled = rope.FUSED_ROTATION.compiled
+    monkeypatch.setattr(rope.FUSED_ROTATION, "compiled", lambda *a: calls.append(1) or compiled(*a))
     return calls
 
 
@@ -67,7 +67,7 @@ def test_fused_rotation_equals_the_eager_passes(name, pos_dim, monkeypatch):
 
 
 def test_auto_stays_eager_on_the_cpu(monkeypatch):
-    monkeypatch.setattr(rope, "_fused_rotation", lambda: pytest.fail("fused on CPU"))
+    monkeypatch.setattr(rope.FUSED_ROTATION, "compiled", lambda *a: pytest.fail("fused on CPU"))
     x, layout = _inputs()
     _step(_layer("rope"), x, layout, "auto")
 
@@ -76,16 +76,16 @@ def test_auto_falls_back_visibly_when_the_fused_rotation_fails(monkeypatch):
     def broken(*args):
         raise torch._dynamo.exc.InternalTorchDynamoError("no compiler here")
 
-    monkeypatch.setattr(rope, "_auto_fuses_on", lambda device: True)
-    monkeypatch.setattr(rope, "_fused_rotation", lambda: broken)
-    monkeypatch.setattr(rope, "_fused_rotation_failed", [])
+    monkeypatch.setattr(rope.FUSED_ROTATION, "auto_on", lambda device: True)
+    monkeypatch.setattr(rope.FUSED_ROTATION, "compiled", broken)
+    monkeypatch.setattr(rope.FUSED_ROTATION, "failed", [])
     layer = _layer("rope")
     x, layout = _inputs()
     with pytest.warns(RuntimeWarning, match="fused rotation did not compile.*no compiler here"):
         fallback, _ = _step(layer, x, layout, "auto")
     reference, _ = _step(layer, x, layout, "eager")
     assert torch.equal(fallback, reference)
-    assert len(rope._fused_rotation_failed) == 1  # later calls go eager without warning again
+    assert len(rope.FUSED_ROTATION.failed) == 1  # later calls go eager without warning again
     with rotation_kernel("fused"), pytest.raises(RuntimeError, match="no compiler here"):
         layer(x, layout)  # a forced "fused" raises instead
 
@@ -96,13 +96,13 @@ def test_auto_does_not_hide_errors_of_running(monkeypatch):
     def out_of_memory(*args):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr(rope, "_auto_fuses_on", lambda device: True)
-    monkeypatch.setattr(rope, "_fused_rotation", lambda: out_of_memory)
-    monkeypatch.setattr(rope, "_fused_rotation_failed", [])
+    monkeypatch.setattr(rope.FUSED_ROTATION, "auto_on", lambda device: True)
+    monkeypatch.setattr(rope.FUSED_ROTATION, "compiled", out_of_memory)
+    monkeypatch.setattr(rope.FUSED_ROTATION, "failed", [])
     x, layout = _inputs()
     with pytest.raises(torch.OutOfMemoryError):
         _layer("rope")(x, layout)
-    assert rope._fused_rotation_failed == []
+    assert rope.FUSED_ROTATION.failed == []
 
 
 def test_counting_modes_see_the_eager_passes(monkeypatch):
@@ -110,7 +110,7 @@ def test_counting_modes_see_the_eager_passes(monkeypatch):
     Dynamo refuses to run one under them: the rotation runs eagerly there, even forced."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    monkeypatch.setattr(rope, "_fused_rotation", lambda: pytest.fail("fused under a counting mode"))
+    monkeypatch.setattr(rope.FUSED_ROTATION, "compiled", lambda *a: pytest.fail("fused under a counting mode"))
     x, layout = _inputs()
     with rotation_kernel("fused"), FlopCounterMode(display=False) as counter:
         _layer("rope")(x, layout)
