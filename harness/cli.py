@@ -207,20 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the bias encodings' kernel: auto (on CUDA FlexAttention where a dense bias would exceed 2^23"
         " elements, else and on CPU SDPA + dense bias), flex or dense",
     )
-    bench.add_argument(
-        "--rotation-kernel",
-        default="auto",
-        choices=["auto", "fused", "eager"],
-        help="RoPE, RoPE-Mixed and STRING's rotation of q and k: auto (one compiled function on CUDA, eager"
-        " passes on CPU), fused or eager",
-    )
-    bench.add_argument(
-        "--cope-kernel",
-        default="auto",
-        choices=["auto", "fused", "eager"],
-        help="CoPE's N x N bias (gates, counts, interpolation): auto (one compiled function on CUDA, eager"
-        " passes on CPU), fused or eager",
-    )
+    for flag, what in (  # adapters/_fused.py's FusedFunctions
+        ("--rotation-kernel", "RoPE, RoPE-Mixed and STRING's rotation of q and k"),
+        ("--cope-kernel", "CoPE's N x N bias (gates, counts, interpolation)"),
+    ):
+        bench.add_argument(
+            flag, default="auto", choices=["auto", "fused", "eager"],
+            help=f"{what}: auto (one compiled function on CUDA, eager passes on CPU), fused or eager",
+        )  # fmt: skip
     bench.add_argument(
         "--throughput", action=argparse.BooleanOptionalAction, default=None, help="img/s table (default: on CUDA)"
     )

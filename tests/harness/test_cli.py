@@ -49,3 +49,16 @@ def test_principles_takes_method_specs_with_options(capsys):
     assert main(["principles", "--methods", "pape[m=4],nopos"]) == 0
     out = capsys.readouterr().out
     assert "pape[m=4]" in out and "nopos" in out
+
+
+def test_bench_kernel_flags_choose_the_fused_functions_for_the_run(monkeypatch):
+    """``--rotation-kernel`` and ``--cope-kernel`` hold for the whole command, then "auto" again."""
+    from pe_bench.adapters.cope import FUSED_COPE
+    from pe_bench.adapters.rope import FUSED_ROTATION
+    from pe_bench.harness import cli
+
+    seen = []
+    monkeypatch.setattr(cli, "_bench", lambda args: seen.append((FUSED_ROTATION.choice, FUSED_COPE.choice)) or 0)
+    assert main(["bench", "--rotation-kernel", "eager", "--cope-kernel", "fused"]) == 0
+    assert seen == [("eager", "fused")]
+    assert (FUSED_ROTATION.choice, FUSED_COPE.choice) == ("auto", "auto")
