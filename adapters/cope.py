@@ -39,9 +39,10 @@ order, so a global translation of the positions leaves every logit unchanged; th
 content-dependent (context awareness). Directionality and distance decay are learned, not
 built in, so they are not claimed; the N x N bias rules out the fused kernel.
 
-On CUDA the bias runs as one compiled function (``FUSED_COPE``: 15 kernels instead of 52
-operators per layer, forward and backward, measured with Inductor's CPU kernels); elsewhere
-eagerly.
+On CUDA the bias is computed by one compiled function (``FUSED_COPE``: 15 kernels instead
+of 52 operators per layer, forward and backward, counted with Inductor's CPU kernels);
+elsewhere eagerly. It still reaches SDPA as an N x N tensor: compiling it makes computing
+the bias cheaper, not the attention kernel the principle above names.
 
 No FlexAttention form: a score_mod sees one (query, key) pair, but p_ij is a sum of the
 query's gates over every key from j on, so each pair needs a reduction over the whole key
