@@ -20,6 +20,8 @@ from torch import Tensor
 #: the active recorders' callbacks, each called with the calling line of a declared copy
 _listeners: list[Callable[[str], None]] = []
 _host_depth = 0
+#: modules whose frames are the recording's own, never the line that made a wait
+_PLUMBING = {__name__, "pe_bench.harness.reports.host_sync"}
 
 
 def calling_line() -> str:
@@ -32,9 +34,6 @@ def calling_line() -> str:
             return f"{module}:{frame.f_lineno}"
         frame = frame.f_back
     return "outside pe-bench"
-
-
-_PLUMBING = {__name__, "pe_bench.harness.reports.host_sync"}
 
 
 def in_host_work() -> bool:
