@@ -107,3 +107,30 @@ def host_syncs_per_step(model: torch.nn.Module, inputs: torch.Tensor) -> HostSyn
         model(inputs).float().sum().backward()
     model.zero_grad(set_to_none=True)
     return recorder
+
+
+def task_training_waits(task_name: str, method: str, profile: str = "tiny") -> HostSyncRecorder:
+    """The waits of one training step's model work in ``task_name``'s ``profile`` (its first
+    training batch; the module's ``training_loss`` and the backward; no optimiser step),
+    with ``method``'s encoding. The tiny profiles generate their data, so this runs anywhere."""
+    from pe_bench.harness.config import load_run_config
+    from pe_bench.harness.grid.methods import parse_method
+    from pe_bench.tasks import get_task
+
+    config = load_run_config(task_name, profile)
+    task = get_task(task_name)(config, None)
+    spec = parse_method(method)
+    make_encoding = spec.encoding(config.methods.get(spec.name))
+    reason = make_encoding.unsupported_reason(task.geometry())
+    if reason:
+        raise ValueError(f"{method} is n/a on {task_name}: {reason}")
+    torch.manual_seed(0)
+    module = task.lightning_module(task.build_model(make_encoding))
+    data = task.datamodule(seed=0)
+    data.prepare_data()
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    module.train()
+    with HostSyncRecorder() as recorder:
+        module.training_loss(batch).backward()
+    return recorder

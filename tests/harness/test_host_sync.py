@@ -18,6 +18,7 @@ from pe_bench.harness.reports.host_sync import (
     COPY_TO_HOST,
     HostSyncRecorder,
     host_syncs_per_step,
+    task_training_waits,
     waits_for_device,
 )
 from pe_bench.tasks._shared.vit import ViT, image_geometry
@@ -155,3 +156,13 @@ def test_flex_inputs_are_made_without_waits(method, monkeypatch):
         model(torch.randn(2, 3, 16, 16))
     assert calls, f"{method} made no FlexAttention call"
     assert recorder.syncs == [], recorder.by_source()
+
+
+def test_task_training_waits_name_the_lines_that_wait():
+    """A task's training step, the model's work: none in the image ViT, PTv3's grouping in
+    the point clouds (its output sizes depend on the points), and n/a methods refused."""
+    assert task_training_waits("cifar10", "rope").syncs == []
+    points = task_training_waits("modelnet40", "rope").syncs
+    assert points and any(sync.source.startswith("pe_bench.tasks._shared.grouping:") for sync in points)
+    with pytest.raises(ValueError, match="wepe is n/a on modelnet40"):
+        task_training_waits("modelnet40", "wepe")
