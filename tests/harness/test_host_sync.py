@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pe_bench.adapters import EncodingFactory, wepe
+from pe_bench.adapters import EncodingFactory, Geometry, NotApplicableError, PositionLayout, build, wepe
 from pe_bench.adapters._host import on_host
 from pe_bench.adapters.registry import available
 from pe_bench.harness import attention
 from pe_bench.harness.attention import attention_kernel
+from pe_bench.harness.blocks import TransformerEncoder
 from pe_bench.harness.config import ModelConfig
 from pe_bench.harness.grid.methods import parse_method
 from pe_bench.harness.reports.host_sync import (
@@ -118,6 +119,36 @@ def test_training_step_waits_only_where_declared(method):
     with attention_kernel("dense"):
         recorder = host_syncs_per_step(_vit(method), images)
     assert _operators(recorder) == DECLARED.get(method, []), recorder.by_source()
+
+
+def _padded_layout(geometry: str) -> tuple[Geometry, PositionLayout]:
+    """Two samples of the other backbones' geometries, the second one padded."""
+    if geometry == "3-D grid":  # video's tubelets, CLS first
+        return Geometry(pos_dim=3, grid_shape=(2, 3, 3), num_prefix_tokens=1), PositionLayout.grid(2, (2, 3, 3), 1)
+    pos_dim, n = (1, 10) if geometry == "1-D" else (3, 12)  # sequences; point clouds
+    coords = (
+        torch.randn(2, n, pos_dim) if pos_dim == 3 else torch.arange(n, dtype=torch.float32).expand(2, n)[..., None]
+    )
+    valid = torch.ones(2, n, dtype=torch.bool)
+    valid[1, -3:] = False
+    return Geometry(pos_dim=pos_dim), PositionLayout(coords.clone(), torch.ones(2, n, dtype=torch.bool), valid)
+
+
+@pytest.mark.parametrize("geometry", ["1-D", "3-D grid", "3-D points"])
+@pytest.mark.parametrize("method", available())
+def test_other_geometries_wait_nowhere(method, geometry):
+    """Every encoding where it applies, on 1-D sequences, 3-D grids and point clouds, with
+    padding: a training pass of a two-block encoder waits nowhere (WePE is 2-D only)."""
+    shape, layout = _padded_layout(geometry)
+    torch.manual_seed(0)
+    try:
+        encoding = build(method, shape, 48, 3, depth=2)
+    except NotApplicableError:
+        pytest.skip(f"{method} is n/a on {geometry} positions")
+    model = TransformerEncoder(48, 2, 3, encoding)
+    with attention_kernel("dense"), HostSyncRecorder() as recorder:
+        model(torch.randn(2, layout.coords.shape[1], 48), layout).sum().backward()
+    assert recorder.syncs == [], recorder.by_source()
 
 
 @pytest.mark.gpu
