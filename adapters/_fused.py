@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Literal, TypeVar
 
 import torch
+from torch import Tensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from ._flex import raise_recompile_limit
@@ -31,7 +32,7 @@ Result = TypeVar("Result")
 
 
 class FusedFunction:
-    """``function`` compiled (fullgraph), called where ``wanted``; ``name`` says what it is in
+    """``function`` compiled (fullgraph), called where ``wanted`` (``__call__``); ``name`` says what it is in
     messages, ``silence`` how a user chooses the eager form, ``recompile_limit`` the compiled
     variants it may hold (one per dtype, layout and grad mode; shapes beyond the first become
     dynamic)."""
@@ -73,11 +74,13 @@ class FusedFunction:
         raise_recompile_limit(self.recompile_limit)
         return torch.compile(self.function, fullgraph=True)
 
-    def __call__(self, eager: Callable[[], Result], *args) -> Result:
-        """The compiled function on ``args``; ``eager()`` (the same result, unfused) where it
-        does not compile under "auto". Errors of running (out of memory, say) are not caught:
-        they would fail the eager form too, and a fallback would silently change what a run
-        measures."""
+    def __call__(self, eager: Callable[[], Result], *args: Tensor | None) -> Result:
+        """The compiled function on ``args`` where it is ``wanted`` on the first argument's
+        device; else ``eager()`` (the same result, unfused), also where it does not compile
+        under "auto". Errors of running (out of memory, say) are not caught: they would fail
+        the eager form too, and a fallback would silently change what a run measures."""
+        if not self.wanted(args[0].device):
+            return eager()
         try:
             return self.compiled(*args)
         except torch._dynamo.exc.TorchDynamoException as error:

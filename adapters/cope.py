@@ -232,8 +232,6 @@ class CoPELayer(LayerEncoding):
         keep = causal_keep(q.shape[-2], k.shape[-2], q.device) if inputs.causal else None
         has_pos = (inputs.query.has_pos, inputs.key.has_pos)
         eager = lambda: cope_bias(q, k, self.pos_emb, bins, *has_pos, keep)  # noqa: E731
-        if not FUSED_COPE.wanted(q.device):
-            return eager()
         return FUSED_COPE(eager, q, k, self.pos_emb, *bins, *has_pos, keep)
 
 

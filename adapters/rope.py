@@ -166,7 +166,7 @@ def rotate_both(q: Tensor, k: Tensor, q_tables: RotationTables, k_tables: Rotati
     """
     q_width, k_width = _checked_width(q, q_tables), _checked_width(k, k_tables)
     eager = lambda: (rotate(q, q_tables), rotate(k, k_tables))  # noqa: E731
-    if q_width % 2 or k_width % 2 or not FUSED_ROTATION.wanted(q.device):
+    if q_width % 2 or k_width % 2:
         return eager()  # odd heads keep rotate's slicing
     return FUSED_ROTATION(eager, q, k, q_tables.cos, q_tables.sin, k_tables.cos, k_tables.sin)
 
