@@ -25,6 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pe_bench.adapters import _host
+from pe_bench.harness.reports.op_count import training_step_under
 
 _aten = torch.ops.aten
 
@@ -96,17 +97,14 @@ class HostSyncRecorder(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def by_source(self) -> Counter[HostSync]:
+        """How often each operator waited at each line (assertion messages, reports)."""
         return Counter(self.syncs)
 
 
 def host_syncs_per_step(model: torch.nn.Module, inputs: torch.Tensor) -> HostSyncRecorder:
-    """The waits of one training forward + backward of ``model`` on ``inputs`` (loss on the
-    summed outputs; no optimiser step); the gradients are dropped afterwards."""
-    model.train()
-    with HostSyncRecorder() as recorder:
-        model(inputs).float().sum().backward()
-    model.zero_grad(set_to_none=True)
-    return recorder
+    """The waits of one training forward + backward of ``model`` on ``inputs``, as
+    ``op_count`` counts its operators (loss on the summed outputs; no optimiser step)."""
+    return training_step_under(HostSyncRecorder(), model, inputs)
 
 
 def task_training_waits(task_name: str, method: str, profile: str = "tiny") -> HostSyncRecorder:

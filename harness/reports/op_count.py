@@ -10,6 +10,7 @@ slices: metadata only, no kernel) are left out.
 from __future__ import annotations
 
 from collections import Counter
+from typing import TypeVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -63,7 +64,7 @@ def operators_per_pass(
     under autocast to ``autocast_dtype`` (None: none)."""
     with torch.inference_mode(), OperatorCounter() as forward, _autocast(inputs, autocast_dtype):
         model.eval()(inputs)
-    return forward.total, _counted_training_step(model, inputs, autocast_dtype).total
+    return forward.total, training_step_under(OperatorCounter(), model, inputs, autocast_dtype).total
 
 
 def bytes_written_per_step(
@@ -72,25 +73,29 @@ def bytes_written_per_step(
     """Bytes the computing operators of one training forward + backward of ``model`` on
     ``inputs`` write (loss on the summed outputs; no optimiser step), the forward under
     autocast to ``autocast_dtype`` (None: none)."""
-    return _counted_training_step(model, inputs, autocast_dtype).total_written
+    return training_step_under(OperatorCounter(), model, inputs, autocast_dtype).total_written
 
 
 def _autocast(inputs: torch.Tensor, dtype: torch.dtype | None):
     return torch.autocast(inputs.device.type, dtype=dtype, enabled=dtype is not None)
 
 
-def _counted_training_step(
-    model: torch.nn.Module, inputs: torch.Tensor, autocast_dtype: torch.dtype | None
-) -> OperatorCounter:
-    """One training forward + backward (loss on the summed outputs) under the counter; the
-    gradients are dropped afterwards. The backward runs outside autocast, as a mixed-precision
-    trainer runs it (Lightning's bf16-mixed): inside, autocast would also cast the backward's
-    own float32 products (a weight computed in float32 in the forward, as STRING's folded
-    basis is) to 16 bits, operators and bytes a real step does not have."""
+Mode = TypeVar("Mode", bound=TorchDispatchMode)
+
+
+def training_step_under(
+    mode: Mode, model: torch.nn.Module, inputs: torch.Tensor, autocast_dtype: torch.dtype | None = None
+) -> Mode:
+    """One training forward + backward (loss on the summed outputs) under the dispatch mode
+    ``mode`` (a counter); the gradients are dropped afterwards. The backward runs outside
+    autocast, as a mixed-precision trainer runs it (Lightning's bf16-mixed): inside, autocast
+    would also cast the backward's own float32 products (a weight computed in float32 in the
+    forward, as STRING's folded basis is) to 16 bits, operators and bytes a real step does
+    not have."""
     model.train()
-    with OperatorCounter() as step:
+    with mode:
         with _autocast(inputs, autocast_dtype):
             loss = model(inputs).float().sum()
         loss.backward()
     model.zero_grad(set_to_none=True)
-    return step
+    return mode
