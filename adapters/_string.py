@@ -95,7 +95,7 @@ class STRINGLayer(LayerEncoding):
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         frequencies = self.rotation_frequencies()
         if not inputs.qk_in_basis:  # else the core folded B into the projections
-            basis = self.qk_basis().to(q.dtype)
+            basis = self.forward_qk_basis(inputs.query).to(q.dtype)
             q, k = in_basis(q, basis), in_basis(k, basis)
         query, key = key_centred_layouts(inputs, frequencies.dtype)
         q_angles = mixed_angles(query, frequencies)

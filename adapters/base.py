@@ -184,14 +184,25 @@ def shared_per_forward(inputs: AttentionInputs, name: Hashable, compute: Callabl
     name everything the value depends on besides the layouts (e.g. the dtype, or the
     module whose buffers it reads). Cross-attention keeps one entry per key layout object.
     """
-    memo = inputs.query._shared
-    if memo is None or torch.compiler.is_compiling():
+    memo = per_forward_memo(inputs.query)
+    if memo is None:
         return compute()
     slot = (name, id(inputs.key))
     entry = memo.get(slot)
     if entry is None or entry[0] is not inputs.key:  # the layout itself guards against a reused id
         entry = memo[slot] = (inputs.key, compute())
     return entry[1]
+
+
+def per_forward_memo(layout: PositionLayout | None) -> dict | None:
+    """The memo that the layers of one forward share through ``layout`` (made by
+    :meth:`PositionLayout.sharing_features`), or None: for a layout without one, and inside
+    ``torch.compile``, where a graph may hold only some of the layers (a backbone compiled
+    block by block) and common-subexpression elimination merges what one graph repeats.
+    Entries are keyed by their users; :func:`shared_per_forward` keys by name and key layout."""
+    if layout is None or layout._shared is None or torch.compiler.is_compiling():
+        return None
+    return layout._shared
 
 
 def shared_by_query_chunks(inputs: AttentionInputs, name: Hashable, compute: Callable[[], Shared]) -> Shared:
@@ -283,6 +294,13 @@ class LayerEncoding(nn.Module):
         then passes ``inputs.qk_in_basis``, on which ``transform_qk`` must skip M. The two are
         the same function up to rounding; the conformance suite checks it."""
         return None
+
+    def forward_qk_basis(self, layout: PositionLayout) -> Tensor | None:
+        """``qk_basis`` as a forward whose query layout is ``layout`` uses it (the attention
+        core and the per-token path ask here): an encoding may compute every layer's M at once
+        in the layout's :func:`per_forward_memo` (Cayley-STRING's one batched solve).
+        Default: ``qk_basis()``, this layer's M alone, the reference."""
+        return self.qk_basis()
 
     def fold_qk_basis(self, device: torch.device) -> bool:
         """Whether the core should fold ``qk_basis`` into the projections for tensors on

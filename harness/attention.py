@@ -312,7 +312,7 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, AttentionInputs]:
         """q, k, v split into heads (no position transform yet) and the encoding's inputs."""
         folds = self.encoding is not None and self.encoding.fold_qk_basis(x.device)
-        basis = self.encoding.qk_basis() if folds else None
+        basis = self.encoding.forward_qk_basis(query) if folds else None
         if self.cross:
             if context is None or key is None:
                 raise ValueError("cross-attention needs context tokens and their key layout")

@@ -1,0 +1,118 @@
+"""Cayley-STRING's P for every layer in one batched solve per forward (string_cayley.CayleyBank):
+the same bits as each layer solving alone on the CPU, outputs and every gradient, in both basis
+placements; one solve per forward instead of one per layer; and each layer alone where a
+forward has no shared memo (a bare layout, torch.compile)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from pe_bench.adapters import Geometry, PositionLayout, build, string_cayley
+from pe_bench.harness.blocks import TransformerEncoder
+from pe_bench.harness.conformance.probes import random_layout
+
+DIM, HEADS, DEPTH = 48, 3, 3
+
+
+def encoder(basis: str) -> TransformerEncoder:
+    torch.manual_seed(0)
+    encoding = build("string-cayley", Geometry(pos_dim=2), DIM, HEADS, DEPTH, {"basis": basis})
+    model = TransformerEncoder(DIM, DEPTH, HEADS, encoding)
+    with torch.no_grad():  # each layer its own S, away from P = I
+        for name, parameter in model.named_parameters():
+            if name.endswith("s_upper"):
+                parameter.normal_(0.0, 0.5)
+    return model
+
+
+def alone(model: TransformerEncoder) -> TransformerEncoder:
+    """A copy of ``model`` whose layers each solve for their own P (the reference)."""
+    reference = copy.deepcopy(model)
+    for block in reference.blocks:
+        block.attn.encoding.bank = None
+    return reference
+
+
+def step(model: TransformerEncoder, x: torch.Tensor, layout: PositionLayout) -> tuple[torch.Tensor, dict]:
+    model.zero_grad(set_to_none=True)
+    out = model(x, layout)
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    return out, {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+
+
+def padded_layout(seed: int = 1) -> tuple[PositionLayout, torch.Tensor]:
+    layout, _ = random_layout(2, 10, 2, prefix=1, seed=seed)
+    tokens = layout.coords.shape[1]
+    valid = torch.ones(2, tokens, dtype=torch.bool)
+    valid[1, -3:] = False
+    layout = PositionLayout(coords=layout.coords.float(), has_pos=layout.has_pos, valid=valid)
+    return layout, torch.randn(2, tokens, DIM, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("basis", ["folded", "per_token"])
+def test_one_batched_solve_gives_the_bits_of_a_solve_per_layer(basis: str) -> None:
+    model = encoder(basis)
+    reference = alone(model)
+    layout, x = padded_layout()
+    out, grads = step(model, x, layout)
+    ref_out, ref_grads = step(reference, x, layout)
+    assert torch.equal(out, ref_out)
+    assert set(grads) == set(ref_grads) and sum(name.endswith("s_upper") for name in grads) == DEPTH
+    for name, grad in ref_grads.items():
+        assert torch.equal(grads[name], grad), name
+
+
+@pytest.mark.parametrize("basis", ["folded", "per_token"])
+def test_a_forward_solves_once_for_all_layers(basis: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, ...]] = []
+    solve = string_cayley.cayley
+
+    def counted(upper: torch.Tensor, dim: int) -> torch.Tensor:
+        calls.append(tuple(upper.shape[:-1]))
+        return solve(upper, dim)
+
+    monkeypatch.setattr(string_cayley, "cayley", counted)
+    model = encoder(basis)
+    layout, x = padded_layout()
+    model(x, layout)
+    assert calls == [(DEPTH, HEADS)]  # (layers, heads) at once
+    calls.clear()
+    model(x, layout)  # the next forward solves again: parameters may have changed in between
+    assert calls == [(DEPTH, HEADS)]
+    calls.clear()
+    alone(model)(x, layout)
+    assert calls == [(HEADS,)] * DEPTH
+
+
+def test_a_bare_layout_or_torch_compile_solves_per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a forward's memo, and inside torch.compile (where a graph may hold only some
+    layers), each layer solves for its own P: never all layers' P once per layer."""
+    model = encoder("folded")
+    layer = model.blocks[1].attn.encoding
+    layout, _ = padded_layout()
+    shared = layout.sharing_features()
+    assert torch.equal(layer.forward_qk_basis(layout), string_cayley.cayley(layer.s_upper, layer.head_dim))
+    assert torch.equal(layer.forward_qk_basis(shared), layer.qk_basis())
+    assert len(shared._shared) == 1
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    fresh = layout.sharing_features()
+    layer.forward_qk_basis(fresh)
+    assert fresh._shared == {}
+
+
+def test_every_layer_of_the_bank_gets_a_gradient_even_one_that_did_not_run() -> None:
+    """The behaviour the batched solve changes (string_cayley's module doc): a layer that did
+    not run gets a zero gradient for S, not None; layers that ran get theirs unchanged."""
+    model = encoder("folded")
+    layout, x = padded_layout()
+    shared = layout.sharing_features()
+    first = model.blocks[0].attn.encoding
+    first.forward_qk_basis(shared).sum().backward()
+    grads = [block.attn.encoding.s_upper.grad for block in model.blocks]
+    assert all(grad is not None for grad in grads)
+    assert grads[0].abs().sum() > 0 and all(torch.equal(g, torch.zeros_like(g)) for g in grads[1:])
+    alone_grad = torch.autograd.grad(string_cayley.cayley(first.s_upper, first.head_dim).sum(), first.s_upper)[0]
+    assert torch.equal(grads[0], alone_grad)
