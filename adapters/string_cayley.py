@@ -15,7 +15,7 @@ backward (LAPACK factorises each matrix of a batch on its own; a test checks); C
 libraries may pick another kernel for the larger batch, so there they may differ by rounding.
 One behaviour changes: every layer's S gets a gradient in each forward, zero for a layer that
 did not run, where alone it would have none. Inside torch.compile, and without a forward's
-memo, each layer solves for its own P (``CayleyBank``).
+memo, each layer solves for its own P (``CayleyBank``); option ``solve: per_layer`` always.
 
 RoPE part: the paper learns its frequencies too ("Learnable frequencies with STRING"). We
 learn a full frequency vector per rotation pair (rope_mixed's form, which is the general
@@ -29,6 +29,8 @@ position-free basis change P.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor, nn
 
@@ -40,6 +42,9 @@ from .rope_mixed import mixed_frequencies, rope_levels
 
 class CayleySTRINGOptions(STRINGOptions):
     learn_frequencies: bool = True
+    # How a forward computes the layers' P (module doc): "batched", all layers in one solve by
+    # the first layer, or "per_layer", each its own (the form before stop 58, to compare).
+    solve: Literal["batched", "per_layer"] = "batched"
 
 
 def cayley(upper: Tensor, dim: int) -> Tensor:
@@ -102,7 +107,9 @@ class CayleySTRINGLayer(STRINGLayer):
             return self.qk_basis()
         slot = ("cayley bases", self.bank)  # the bank itself: no id of a freed one can recur
         if slot not in memo:
-            memo[slot] = self.bank.bases()
+            # unbind, not an index per layer: its backward stacks the layers' gradients once,
+            # where each index's backward would write a zero-filled (L, H, d, d) and add it up
+            memo[slot] = self.bank.bases().unbind(0)
         return memo[slot][self.bank_index]
 
     def rotation_frequencies(self) -> Tensor:
@@ -122,6 +129,5 @@ class CayleySTRING(STRINGEncoding):
         p = self.geometry.pos_dim
         freqs = mixed_frequencies(self.num_heads, p, self.levels, self.options.base, rotate=False)
         options = self.options
-        return CayleySTRINGLayer(
-            self.num_heads, self.head_dim, freqs, options.learn_frequencies, options.basis, self.bank
-        )
+        bank = self.bank if options.solve == "batched" else None
+        return CayleySTRINGLayer(self.num_heads, self.head_dim, freqs, options.learn_frequencies, options.basis, bank)
