@@ -26,6 +26,26 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from ._flex import raise_recompile_limit
 
+#: Inductor's options for every compilation pe-bench makes (``with_inductor_options``): keep
+#: the eager code's 16-bit roundings. By default Inductor keeps a value cast to 16 bits inside a
+#: fused kernel in float32, so x - float32(bf16(x)) is 0 there, even where bf16(x) is also
+#: stored: PaPE's split of its features into hi + lo 16-bit halves would lose lo, and the
+#: float32 product's three bf16 pieces (adapters/_float32_product.py) two of them, silently
+#: turning float32-accurate positional logits into 16-bit ones under ``trainer.compile``
+#: (tests/harness/test_compile.py: every lo zero with the defaults, eager's bits with this).
+#: It also makes other compiled 16-bit arithmetic round where eager rounds.
+INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
+
+
+def with_inductor_options(compile_kwargs: dict) -> dict:
+    """``torch.compile``'s keyword arguments ``compile_kwargs`` with ``INDUCTOR_OPTIONS`` added
+    where Inductor compiles (the default backend) and no ``mode`` or ``options`` are given
+    (torch.compile takes one of the two)."""
+    if compile_kwargs.get("backend", "inductor") != "inductor" or {"mode", "options"} & compile_kwargs.keys():
+        return compile_kwargs
+    return {**compile_kwargs, "options": dict(INDUCTOR_OPTIONS)}
+
+
 KernelChoice = Literal["auto", "fused", "eager"]
 KERNEL_CHOICES: tuple[KernelChoice, ...] = ("auto", "fused", "eager")
 Result = TypeVar("Result")
@@ -72,10 +92,11 @@ class FusedFunction:
     @functools.cached_property
     def compiled(self) -> Callable:
         raise_recompile_limit(self.recompile_limit)
-        return torch.compile(self.function, fullgraph=True)
+        return torch.compile(self.function, **with_inductor_options({"fullgraph": True}))
 
-    def __call__(self, eager: Callable[[], Result], *args: Tensor | None) -> Result:
-        """The compiled function on ``args`` where it is ``wanted`` on the first argument's
+    def __call__(self, eager: Callable[[], Result], *args: Tensor | bool | int | None) -> Result:
+        """The compiled function on ``args`` (the first a tensor; Python flags and sizes are
+        constants of the compiled variant) where it is ``wanted`` on the first argument's
         device; else ``eager()`` (the same result, unfused), also where it does not compile
         under "auto". Errors of running (out of memory, say) are not caught: they would fail
         the eager form too, and a fallback would silently change what a run measures."""

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from pe_bench.adapters._flex import raise_recompile_limit
+from pe_bench.adapters._fused import with_inductor_options
 
 from .blocks import EncoderBlock
 from .config import TrainerConfig
@@ -72,10 +73,12 @@ def maybe_compile(model: nn.Module, trainer: TrainerConfig, **compile_options) -
 
 
 def compile_model(model: nn.Module, **compile_options) -> nn.Module:
-    """Compile ``model``'s :func:`compile_regions` in place; returns the model."""
+    """Compile ``model``'s :func:`compile_regions` in place, with Inductor keeping the eager
+    code's 16-bit roundings (``_fused.INDUCTOR_OPTIONS``: without it PaPE's float32-accurate
+    split and positional bias would silently compile to 16-bit ones); returns the model."""
     regions = compile_regions(model)
     if regions != [model]:
         raise_recompile_limit(BLOCK_RECOMPILE_LIMIT)
     for region in regions:
-        region.compile(**compile_options)
+        region.compile(**with_inductor_options(compile_options))
     return model

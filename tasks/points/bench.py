@@ -21,6 +21,7 @@ from torch._dynamo.utils import counters  # Dynamo's graph counts
 
 from pe_bench.adapters import EncodingFactory
 from pe_bench.adapters._flex import raise_recompile_limit
+from pe_bench.adapters._fused import with_inductor_options
 from pe_bench.harness.compile import BLOCK_RECOMPILE_LIMIT, compile_model
 from pe_bench.harness.config import load_run_config
 
@@ -86,7 +87,7 @@ def compile_table(
             compile_model(model, backend=backend)
         elif variant == "whole":  # with the same recompile limit, so that it too stays compiled
             raise_recompile_limit(BLOCK_RECOMPILE_LIMIT)
-            model.compile(backend=backend)
+            model.compile(**with_inductor_options({"backend": backend}))
         times = []
         for n in sizes:
             try:
