@@ -112,6 +112,7 @@ from torch import Tensor, nn
 
 from ._flex import indexed_once
 from ._float32_product import float32_product, keys_for_product
+from ._fused import FusedFunction
 from .base import (
     AttentionInputs,
     EncodingOptions,
@@ -218,6 +219,17 @@ def widen_heads(
     Each widened head is written by one concatenation, the zero padding included: padding
     the concatenated head afterwards would copy the whole widened q and k once more (a
     third of PaPE's bytes written per training step at m = 50 went to that copy).
+
+    On CUDA ("auto") the concatenations run as one compiled function (``FUSED_WIDENING``):
+    eager, ``cat`` reads q and k, strided views of the fused qkv projection, through a generic
+    kernel, and the backward copies their gradients out of the widened ones. Profiled on an
+    H100 (11-28, ViT-B/16 at batch 128, bf16, three training steps) PaPE-RI spent 14.4 ms in
+    ``cat`` (nopos 3.3) and 28.2 ms in copies (nopos 17.4), most of its 35 ms over nopos.
+    Compiled, Inductor writes each widened head in one pass over its parts. The split stays
+    eager, outside the compiled function: Inductor removes a float32 -> 16-bit -> float32 chain
+    of casts as pointless (its ``pointless_convert`` pass), so f - hi compiled is 0 and the lo
+    half would vanish (tests/adapters/test_fused_widening.py caught it). Concatenating and
+    slicing are exact, so the fused form is the eager one to the bit, forward and backward.
     """
     if split and q.dtype in LOW_PRECISION:
         q_hi, k_hi = q_extra.to(q.dtype), k_extra.to(k.dtype)
@@ -227,10 +239,18 @@ def widen_heads(
         # f - hi promotes hi inside the subtraction (exactly), without a float32 copy of it.
         q_lo = (q_extra.detach() - q_hi.detach()).to(q.dtype)
         k_lo = (k_extra.detach() - k_hi.detach()).to(k.dtype)
-        q_parts, k_parts = [q, q_hi, q_hi, q_lo], [k, k_hi, k_lo, k_hi]
+        q_tail, k_tail = [q_hi, q_hi, q_lo], [k_hi, k_lo, k_hi]
     else:
-        q_parts, k_parts = [q, q_extra.to(q.dtype)], [k, k_extra.to(k.dtype)]
-    return _joined_and_padded(q_parts, pad_to), _joined_and_padded(k_parts, pad_to)
+        q_tail, k_tail = [q_extra.to(q.dtype)], [k_extra.to(k.dtype)]
+    eager = lambda: _joined_pair(q, k, q_tail, k_tail, pad_to)  # noqa: E731
+    return FUSED_WIDENING(eager, q, k, q_tail, k_tail, pad_to)
+
+
+def _joined_pair(
+    q: Tensor, k: Tensor, q_tail: list[Tensor], k_tail: list[Tensor], pad_to: int
+) -> tuple[Tensor, Tensor]:
+    """q ⊕ q_tail and k ⊕ k_tail, each zero-padded to a multiple of ``pad_to``."""
+    return _joined_and_padded([q, *q_tail], pad_to), _joined_and_padded([k, *k_tail], pad_to)
 
 
 def _joined_and_padded(parts: list[Tensor], multiple: int) -> Tensor:
@@ -241,6 +261,15 @@ def _joined_and_padded(parts: list[Tensor], multiple: int) -> Tensor:
     if pad:
         parts = [*parts, parts[0].new_zeros(*lead, pad)]
     return torch.cat([t.expand(*lead, -1) for t in parts], dim=-1)
+
+
+#: ``widen_heads``' concatenations as one compiled function; ``FUSED_WIDENING.chosen`` ("auto":
+#: fused on CUDA) is ``pe-bench bench --widening-kernel``. Variants: one per dtype, number of
+#: parts, padding, layout and grad mode (PaPE and PaPE-RI, bf16 training and float32
+#: evaluation); shapes beyond the first become dynamic.
+FUSED_WIDENING = FusedFunction(
+    _joined_pair, "the fused widening of PaPE's heads", "pape.FUSED_WIDENING.chosen('eager')", 64
+)
 
 
 def positional_bias(q_extra: Tensor, k_extra: Tensor, q: Tensor, inputs: AttentionInputs) -> Tensor:

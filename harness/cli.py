@@ -16,6 +16,7 @@ pe-bench check-data --tasks T --data-root DIR [--profile paper] [--workers N]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -210,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, what in (  # adapters/_fused.py's FusedFunctions
         ("--rotation-kernel", "RoPE, RoPE-Mixed and STRING's rotation of q and k"),
         ("--cope-kernel", "CoPE's N x N bias (gates, counts, interpolation)"),
+        ("--widening-kernel", "PaPE's and PaPE-RI's widened q and k (casts, split, concatenation)"),
     ):
         bench.add_argument(
             flag, default="auto", choices=["auto", "fused", "eager"],
@@ -531,12 +533,19 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from pe_bench.adapters.cope import FUSED_COPE
+    from pe_bench.adapters.pape import FUSED_WIDENING
     from pe_bench.adapters.rope import FUSED_ROTATION
 
-    for name, choice in (("rotation", args.rotation_kernel), ("CoPE", args.cope_kernel)):
-        if choice != "auto":
-            print(f"{name} kernel: {choice}", flush=True)
-    with FUSED_ROTATION.chosen(args.rotation_kernel), FUSED_COPE.chosen(args.cope_kernel):
+    kernels = (
+        ("rotation", FUSED_ROTATION, args.rotation_kernel),
+        ("CoPE", FUSED_COPE, args.cope_kernel),
+        ("widening", FUSED_WIDENING, args.widening_kernel),
+    )
+    with contextlib.ExitStack() as chosen:
+        for name, function, choice in kernels:
+            if choice != "auto":
+                print(f"{name} kernel: {choice}", flush=True)
+            chosen.enter_context(function.chosen(choice))
         return _bench(args)
 
 

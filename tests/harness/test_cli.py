@@ -52,13 +52,16 @@ def test_principles_takes_method_specs_with_options(capsys):
 
 
 def test_bench_kernel_flags_choose_the_fused_functions_for_the_run(monkeypatch):
-    """``--rotation-kernel`` and ``--cope-kernel`` hold for the whole command, then "auto" again."""
+    """``--rotation-kernel``, ``--cope-kernel`` and ``--widening-kernel`` hold for the whole
+    command, then "auto" again."""
     from pe_bench.adapters.cope import FUSED_COPE
+    from pe_bench.adapters.pape import FUSED_WIDENING
     from pe_bench.adapters.rope import FUSED_ROTATION
     from pe_bench.harness import cli
 
+    functions = (FUSED_ROTATION, FUSED_COPE, FUSED_WIDENING)
     seen = []
-    monkeypatch.setattr(cli, "_bench", lambda args: seen.append((FUSED_ROTATION.choice, FUSED_COPE.choice)) or 0)
-    assert main(["bench", "--rotation-kernel", "eager", "--cope-kernel", "fused"]) == 0
-    assert seen == [("eager", "fused")]
-    assert (FUSED_ROTATION.choice, FUSED_COPE.choice) == ("auto", "auto")
+    monkeypatch.setattr(cli, "_bench", lambda args: seen.append(tuple(f.choice for f in functions)) or 0)
+    assert main(["bench", "--rotation-kernel", "eager", "--cope-kernel", "fused", "--widening-kernel", "eager"]) == 0
+    assert seen == [("eager", "fused", "eager")]
+    assert tuple(f.choice for f in functions) == ("auto", "auto", "auto")
