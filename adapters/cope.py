@@ -195,8 +195,8 @@ def _fusable_cope_bias(q, k, table, summed_into, read_at, query_has_pos, key_has
 #: the backward (gates, their bins, the cumulative sum, the gathers and the interpolation's
 #: floor, fraction and lerp, the mask): on an H200 (11-27) CoPE trained at 4.32x its FLOP
 #: bound. Compiled, the elementwise steps join the kernels around the scatter and the scan.
-#: Fused results may differ from eager ones by rounding: Inductor keeps a chain's intermediate
-#: values in float32 and rounds a 16-bit output once (tests/adapters/test_fused_cope.py).
+#: Fused results may differ from eager ones by rounding (Inductor's orders of summation, and
+#: its own formulas for the fused chain; tests/adapters/test_fused_cope.py bounds it).
 FUSED_COPE = FusedFunction(_fusable_cope_bias, "the fused CoPE bias", "cope.FUSED_COPE.chosen('eager')", 64)
 
 

@@ -161,8 +161,9 @@ def rotate_both(q: Tensor, k: Tensor, q_tables: RotationTables, k_tables: Rotati
     1.22x nopos. Compiled, Inductor computes each output in one pass that reads t, its swap
     (an index, not a copy) and the tables, and the backward likewise; where the whole model
     is compiled (``trainer.compile``) this is already the case and the plain arithmetic is
-    traced instead. Fused results may differ from eager ones in the last bit of 16-bit
-    outputs (one rounding instead of three).
+    traced instead. Compiled with pe-bench's Inductor options (``_fused.INDUCTOR_OPTIONS``),
+    the 16-bit intermediates round where eager rounds: the forward gave eager's bits in bf16
+    on the CPU (stop 58); gradients may differ in the last bit (orders of summation).
     """
     q_width, k_width = _checked_width(q, q_tables), _checked_width(k, k_tables)
     eager = lambda: (rotate(q, q_tables), rotate(k, k_tables))  # noqa: E731
