@@ -39,16 +39,9 @@ def _step(layer: Attention, x: torch.Tensor, layout: PositionLayout, choice: str
     return out.detach(), {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
 
 
-def _count_fused_calls(monkeypatch) -> list[int]:
-    calls: list[int] = []
-    compiled = cope.FUSED_COPE.compiled
-    monkeypatch.setattr(cope.FUSED_COPE, "compiled", lambda *a: calls.append(1) or compiled(*a))
-    return calls
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_fused_cope_equals_the_eager_passes(causal, monkeypatch):
-    calls = _count_fused_calls(monkeypatch)
+def test_fused_cope_equals_the_eager_passes(causal, fused_calls):
+    calls = fused_calls(cope.FUSED_COPE)
     layer = _layer()
     x, layout = _inputs()
     eager_out, eager_grads = _step(layer, x, layout, "eager", causal)
@@ -70,8 +63,8 @@ def test_auto_stays_eager_on_the_cpu(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_auto_fuses_and_matches_eager_in_bf16(monkeypatch):
-    calls = _count_fused_calls(monkeypatch)
+def test_cuda_auto_fuses_and_matches_eager_in_bf16(fused_calls):
+    calls = fused_calls(cope.FUSED_COPE)
     layer = _layer().cuda()
     x, layout = _inputs()
     x, layout = x.cuda(), PositionLayout(layout.coords.cuda(), layout.has_pos.cuda(), layout.valid.cuda(), GRID)

@@ -40,18 +40,10 @@ def _step(layer: Attention, x: torch.Tensor, layout: PositionLayout, policy: str
     return out.detach(), {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
 
 
-def _count_fused_calls(monkeypatch) -> list[int]:
-    """The compiled rotation, with each of its calls appended to the returned list."""
-    calls: list[int] = []
-    compiled = rope.FUSED_ROTATION.compiled
-    monkeypatch.setattr(rope.FUSED_ROTATION, "compiled", lambda *a: calls.append(1) or compiled(*a))
-    return calls
-
-
 @pytest.mark.parametrize("name", ROTATING)
 @pytest.mark.parametrize("pos_dim", [2, 3])
-def test_fused_rotation_equals_the_eager_passes(name, pos_dim, monkeypatch):
-    calls = _count_fused_calls(monkeypatch)
+def test_fused_rotation_equals_the_eager_passes(name, pos_dim, fused_calls):
+    calls = fused_calls(rope.FUSED_ROTATION)
     layer = _layer(name, pos_dim)
     x, layout = _inputs(pos_dim)
     eager_out, eager_grads = _step(layer, x, layout, "eager")
@@ -125,8 +117,8 @@ def test_an_unknown_rotation_policy_is_named():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ROTATING)
-def test_cuda_auto_fuses_and_matches_eager_in_bf16(name, monkeypatch):
-    calls = _count_fused_calls(monkeypatch)
+def test_cuda_auto_fuses_and_matches_eager_in_bf16(name, fused_calls):
+    calls = fused_calls(rope.FUSED_ROTATION)
     layer = _layer(name).cuda()
     x, layout = _inputs()
     x = x.cuda()

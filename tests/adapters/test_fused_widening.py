@@ -44,13 +44,6 @@ def _step(layer: Attention, choice: str, bf16: bool):
     return out.detach(), {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
 
 
-def _count_fused_calls(monkeypatch) -> list[int]:
-    calls: list[int] = []
-    compiled = pape.FUSED_WIDENING.compiled
-    monkeypatch.setattr(pape.FUSED_WIDENING, "compiled", lambda *a: calls.append(1) or compiled(*a))
-    return calls
-
-
 CASES = [  # (method, options, bf16 autocast): both encodings, both spaces, the split in bf16
     ("pape", {"m": 4}, False),
     ("pape", {"m": 4, "space": "position"}, True),
@@ -59,8 +52,8 @@ CASES = [  # (method, options, bf16 autocast): both encodings, both spaces, the 
 
 
 @pytest.mark.parametrize(("method", "options", "bf16"), CASES)
-def test_fused_widening_gives_the_eager_layer(method, options, bf16, monkeypatch):
-    calls = _count_fused_calls(monkeypatch)
+def test_fused_widening_gives_the_eager_layer(method, options, bf16, fused_calls):
+    calls = fused_calls(pape.FUSED_WIDENING)
     layer = _layer(method, options)
     eager_out, eager_grads = _step(layer, "eager", bf16)
     assert not calls
@@ -99,8 +92,8 @@ def test_auto_stays_eager_on_the_cpu(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("method", ["pape", "pape-ri"])
-def test_cuda_auto_fuses_and_matches_eager_in_bf16(method, monkeypatch):
-    calls = _count_fused_calls(monkeypatch)
+def test_cuda_auto_fuses_and_matches_eager_in_bf16(method, fused_calls):
+    calls = fused_calls(pape.FUSED_WIDENING)
     layer = _layer(method, {}).cuda()
     x, layout = _inputs()
     layout = PositionLayout(layout.coords.cuda(), layout.has_pos.cuda(), layout.valid.cuda(), GRID)
