@@ -297,6 +297,16 @@ def random_layout(
     return PositionLayout(coords=coords, has_pos=has_pos), x
 
 
+def padded_grid(grid: tuple[int, ...], dim: int, seed: int = 1) -> tuple[Tensor, PositionLayout]:
+    """Two samples of a CLS token and the ``grid``'s cells, the second sample's last three
+    tokens padding; returns (x, layout) with float32 contents x of width ``dim``."""
+    layout = PositionLayout.grid(2, grid, 1)
+    layout.valid = torch.ones(2, layout.coords.shape[1], dtype=torch.bool)
+    layout.valid[1, -3:] = False
+    x = torch.randn(2, layout.coords.shape[1], dim, generator=torch.Generator().manual_seed(seed))
+    return x, layout
+
+
 def assert_padding_inert(attn: Attention, layout: PositionLayout, x: Tensor, extra: int = 5) -> None:
     """Padding appended to the tokens changes neither the real logits nor the real outputs,
     and padding keys are masked out entirely (-inf logits)."""

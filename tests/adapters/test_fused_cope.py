@@ -12,6 +12,7 @@ import torch
 
 from pe_bench.adapters import Geometry, PositionLayout, build, cope
 from pe_bench.harness.attention import Attention
+from pe_bench.harness.conformance.probes import padded_grid
 
 DIM, HEADS = 48, 3  # head width 16
 GRID = (4, 5)
@@ -24,11 +25,7 @@ def _layer() -> Attention:
 
 
 def _inputs() -> tuple[torch.Tensor, PositionLayout]:
-    layout = PositionLayout.grid(2, GRID, 1)
-    layout.valid = torch.ones(2, layout.coords.shape[1], dtype=torch.bool)
-    layout.valid[1, -3:] = False  # padding in the second sample
-    x = torch.randn(2, layout.coords.shape[1], DIM, generator=torch.Generator().manual_seed(1))
-    return x, layout
+    return padded_grid(GRID, DIM)  # padding in the second sample
 
 
 def _step(layer: Attention, x: torch.Tensor, layout: PositionLayout, choice: str, causal: bool = False):

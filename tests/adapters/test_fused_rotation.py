@@ -12,6 +12,7 @@ import torch
 from pe_bench.adapters import Geometry, PositionLayout, build, rope
 from pe_bench.adapters.rope import rotation_kernel
 from pe_bench.harness.attention import Attention
+from pe_bench.harness.conformance.probes import padded_grid
 
 DIM, HEADS = 48, 3  # head width 16
 ROTATING = ["rope", "rope-mixed", "string-cayley", "string-circulant"]
@@ -25,11 +26,7 @@ def _layer(name: str, pos_dim: int = 2) -> Attention:
 
 
 def _inputs(pos_dim: int = 2) -> tuple[torch.Tensor, PositionLayout]:
-    layout = PositionLayout.grid(2, GRIDS[pos_dim], 1)
-    layout.valid = torch.ones(2, layout.coords.shape[1], dtype=torch.bool)
-    layout.valid[1, -3:] = False  # padding in the second sample
-    x = torch.randn(2, layout.coords.shape[1], DIM, generator=torch.Generator().manual_seed(1))
-    return x, layout
+    return padded_grid(GRIDS[pos_dim], DIM)  # padding in the second sample
 
 
 def _step(layer: Attention, x: torch.Tensor, layout: PositionLayout, policy: str):
