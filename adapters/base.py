@@ -95,6 +95,9 @@ class PositionLayout:
     valid: Tensor | None = None
     grid_shape: tuple[int, ...] | None = None
     _shared: dict | None = field(default=None, init=False, repr=False, compare=False)
+    #: whether the memo was made inside torch.compile: then the forward that uses it is
+    #: compiled with it, whole (per_forward_memo's ``within_compiled_forward``)
+    _shared_compiled: bool = field(default=False, init=False, repr=False, compare=False)
 
     def sharing_features(self) -> PositionLayout:
         """A copy of this layout with an empty memo of position-only features (rotation
@@ -108,6 +111,7 @@ class PositionLayout:
         """
         layout = replace(self)
         layout._shared = {}
+        layout._shared_compiled = torch.compiler.is_compiling()
         return layout
 
     @property
@@ -194,13 +198,18 @@ def shared_per_forward(inputs: AttentionInputs, name: Hashable, compute: Callabl
     return entry[1]
 
 
-def per_forward_memo(layout: PositionLayout | None) -> dict | None:
+def per_forward_memo(layout: PositionLayout | None, within_compiled_forward: bool = False) -> dict | None:
     """The memo that the layers of one forward share through ``layout`` (made by
     :meth:`PositionLayout.sharing_features`), or None: for a layout without one, and inside
     ``torch.compile``, where a graph may hold only some of the layers (a backbone compiled
     block by block) and common-subexpression elimination merges what one graph repeats.
-    Entries are keyed by their users; :func:`shared_per_forward` keys by name and key layout."""
-    if layout is None or layout._shared is None or torch.compiler.is_compiling():
+    ``within_compiled_forward``: inside torch.compile too where the memo was made in the
+    compiled code (a model compiled whole), for values CSE cannot merge because each layer's
+    differs (Cayley-STRING's solves). Entries are keyed by their users;
+    :func:`shared_per_forward` keys by name and key layout."""
+    if layout is None or layout._shared is None:
+        return None
+    if torch.compiler.is_compiling() and not (within_compiled_forward and layout._shared_compiled):
         return None
     return layout._shared
 

@@ -14,8 +14,11 @@ arithmetic (12 heads of 64 x 64). On the CPU the values are the same bits, forwa
 backward (LAPACK factorises each matrix of a batch on its own; a test checks); CUDA's
 libraries may pick another kernel for the larger batch, so there they may differ by rounding.
 One behaviour changes: every layer's S gets a gradient in each forward, zero for a layer that
-did not run, where alone it would have none. Inside torch.compile, and without a forward's
-memo, each layer solves for its own P (``CayleyBank``); option ``solve: per_layer`` always.
+did not run, where alone it would have none. A model compiled whole (``trainer.compile``)
+solves once too: its memo is made inside the compiled forward, whose one graph then holds one
+solve. Compiled block by block (the point backbones), where a graph holds some of the layers,
+and without a forward's memo, each layer solves for its own P (``CayleyBank``); with the
+option ``solve: per_layer`` always.
 
 RoPE part: the paper learns its frequencies too ("Learnable frequencies with STRING"). We
 learn a full frequency vector per rotation pair (rope_mixed's form, which is the general
@@ -102,7 +105,7 @@ class CayleySTRINGLayer(STRINGLayer):
     def forward_qk_basis(self, layout: PositionLayout) -> Tensor:
         """This layer's slice of the forward's batched solve where ``layout`` carries a memo,
         else P solved alone."""
-        memo = per_forward_memo(layout)
+        memo = per_forward_memo(layout, within_compiled_forward=True)
         if memo is None or self.bank is None:
             return self.qk_basis()
         slot = ("cayley bases", self.bank)  # the bank itself: no id of a freed one can recur

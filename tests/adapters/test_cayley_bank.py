@@ -91,8 +91,9 @@ def test_a_forward_solves_once_for_all_layers(basis: str, monkeypatch: pytest.Mo
 
 
 def test_a_bare_layout_or_torch_compile_solves_per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a forward's memo, and inside torch.compile (where a graph may hold only some
-    layers), each layer solves for its own P: never all layers' P once per layer."""
+    """Without a forward's memo, and inside torch.compile with a memo made outside it (a
+    backbone compiled block by block, each graph holding some layers), each layer solves for
+    its own P: never all layers' P once per layer."""
     model = encoder("folded")
     layer = model.blocks[1].attn.encoding
     layout, _ = padded_layout()
@@ -100,8 +101,8 @@ def test_a_bare_layout_or_torch_compile_solves_per_layer(monkeypatch: pytest.Mon
     assert torch.equal(layer.forward_qk_basis(layout), string_cayley.cayley(layer.s_upper, layer.head_dim))
     assert torch.equal(layer.forward_qk_basis(shared), layer.qk_basis())
     assert len(shared._shared) == 1
+    fresh = layout.sharing_features()  # made outside torch.compile
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    fresh = layout.sharing_features()
     layer.forward_qk_basis(fresh)
     assert fresh._shared == {}
 
@@ -139,3 +140,39 @@ def test_cuda_batched_solve_matches_a_solve_per_layer_under_bf16_autocast() -> N
     assert set(grads) == set(ref_grads)
     for name, grad in ref_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=5e-2, atol=5e-3, msg=name)
+
+
+def _solves_per_graph(model: torch.nn.Module, regions: list[torch.nn.Module], x, layout) -> list[list[tuple]]:
+    """Compiles ``regions`` (aot_eager, each in one graph), runs ``model``, and returns the
+    shapes of the matrices (I + S) of each linear solve, per graph Dynamo captured."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    for region in regions:
+        region.compile(backend=backend, fullgraph=True)
+    model(x, layout)
+    return [
+        [tuple(node.args[0].meta["example_value"].shape) for node in graph.graph.nodes if "solve" in str(node.target)]
+        for graph in graphs
+    ]
+
+
+def test_a_model_compiled_whole_solves_once_and_one_compiled_per_block_per_layer() -> None:
+    """Compiled whole, the memo is made inside the compiled forward, and its one graph holds
+    one solve for all layers; compiled block by block (the point backbones' trainer.compile),
+    each block's graph solves for its own layer. Outputs as eager either way."""
+    layout, x = padded_layout()
+    eager = encoder("folded")(x, layout)
+    whole = encoder("folded")
+    d = whole.blocks[0].attn.head_dim
+    assert _solves_per_graph(whole, [whole], x, layout) == [[(DEPTH, HEADS, d, d)]]
+    torch.testing.assert_close(whole(x, layout), eager)
+    per_block = encoder("folded")
+    graphs = _solves_per_graph(per_block, list(per_block.blocks), x, layout)  # blocks may share a graph
+    assert graphs and all(solves == [(HEADS, d, d)] for solves in graphs), graphs
+    torch.testing.assert_close(per_block(x, layout), eager)
+    torch._dynamo.reset()
