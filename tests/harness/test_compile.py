@@ -255,11 +255,21 @@ def test_compile_model_gives_inductor_the_options_and_other_backends_none(monkey
     ]
 
 
-def test_compiled_pape_in_bf16_is_as_accurate_as_eager():
-    """The whole path (trainer.compile's compile_model, Inductor on this CPU): a PaPE layer in
-    bf16 autocast at a 16 x 16 grid. Measured when written: compiled with Inductor's defaults
-    its output was 0.0186 off float64 against eager's 0.0020 (the split's lo halves lost);
-    with pe-bench's options 0.0020, within 0.0005 of eager."""
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
+        ),
+    ],
+)
+def test_compiled_pape_in_bf16_is_as_accurate_as_eager(device):
+    """The whole path (trainer.compile's compile_model, Inductor's C++ or Triton kernels): a
+    PaPE layer in bf16 autocast at a 16 x 16 grid. Measured on the CPU when written: compiled
+    with Inductor's defaults its output was 0.0186 off float64 against eager's 0.0020 (the
+    split's lo halves lost); with pe-bench's options 0.0020, within 0.0005 of eager."""
     from pe_bench.adapters import Geometry, PositionLayout, build
     from pe_bench.harness.attention import Attention
     from pe_bench.harness.compile import compile_model
@@ -274,14 +284,15 @@ def test_compiled_pape_in_bf16_is_as_accurate_as_eager():
     layout = PositionLayout.grid(1, grid, 1)
     x = torch.randn(1, layout.coords.shape[1], 64, generator=torch.Generator().manual_seed(1))
     reference = layer().double()(x.double(), PositionLayout(layout.coords.double(), layout.has_pos))
+    on_device = PositionLayout(layout.coords.to(device), layout.has_pos.to(device))
 
     def bf16(attention: Attention) -> Tensor:
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            return attention(x, layout).double()
+        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+            return attention.to(device)(x.to(device), on_device).double().cpu()
 
     eager = bf16(layer())
     torch._dynamo.reset()
-    compiled = bf16(compile_model(layer()))
+    compiled = bf16(compile_model(layer().to(device)))
     eager_error, compiled_error = ((out - reference).abs().max().item() for out in (eager, compiled))
     assert compiled_error <= 1.5 * eager_error, (compiled_error, eager_error)
     assert (compiled - eager).abs().max().item() <= 2e-3
