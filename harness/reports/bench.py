@@ -184,9 +184,9 @@ def sdpa_backend(model: torch.nn.Module, images: torch.Tensor, device: str) -> s
 
 def _training_forward(model: torch.nn.Module, images: torch.Tensor, device: str) -> None:
     """One forward as a training step runs it (train mode, autograd recording); no backward.
-    Eager even for a compiled model: the probe is not worth a compilation of its own."""
+    Eager even for a compiled model (``_chosen_sdpa_kernels``)."""
     try:
-        with torch.compiler.set_stance("force_eager"), _autocast(device):
+        with _autocast(device):
             model.train()(images)
     finally:
         model.eval()
@@ -206,7 +206,11 @@ def _chosen_sdpa_kernels(run: Callable[[], None]) -> str:
 
     attention_module.F.scaled_dot_product_attention = spy
     try:
-        run()
+        # eager even for a compiled model: the probe is not worth a compilation of its own, and
+        # Dynamo cannot trace the spy (torch 2.14: an internal error building a guard on it,
+        # which made every `bench --compile` forward table fail)
+        with torch.compiler.set_stance("force_eager"):
+            run()
     finally:
         attention_module.F.scaled_dot_product_attention = real
     return "+".join(sorted(chosen)) or "none (own attention)"

@@ -128,3 +128,20 @@ def test_the_kernel_column_names_the_training_forwards_kernel_where_it_differs()
         "alibi": "FLASH_ATTENTION",
         "relpos": "FLASH_ATTENTION (training: MATH)",
     }
+
+
+def test_sdpa_backend_probes_a_compiled_model_eagerly():
+    """``bench --compile``'s forward table names the kernels of compiled models too: the probe
+    runs them eagerly (torch 2.14's Dynamo failed with an internal error tracing the probe's
+    spy, so every compiled forward table failed)."""
+    from pe_bench.adapters import EncodingFactory
+    from pe_bench.harness.compile import compile_model
+    from pe_bench.harness.config import ModelConfig
+    from pe_bench.tasks._shared.vit import ViT, image_geometry
+
+    config = ModelConfig(dim=32, depth=2, num_heads=4, mlp_ratio=2.0, patch_size=4)
+    model = ViT(EncodingFactory("nopos", {}), image_geometry((16, 16), 4), config, 3, 10).eval()
+    torch._dynamo.reset()
+    compile_model(model, backend="aot_eager", dynamic=False)
+    assert sdpa_backend(model, torch.randn(1, 3, 16, 16), "cpu") == "FLASH_ATTENTION"
+    torch._dynamo.reset()
