@@ -226,10 +226,12 @@ def widen_heads(
     H100 (11-28, ViT-B/16 at batch 128, bf16, three training steps) PaPE-RI spent 14.4 ms in
     ``cat`` (nopos 3.3) and 28.2 ms in copies (nopos 17.4), most of its 35 ms over nopos.
     Compiled, Inductor writes each widened head in one pass over its parts. The split stays
-    eager, outside the compiled function: Inductor removes a float32 -> 16-bit -> float32 chain
-    of casts as pointless (its ``pointless_convert`` pass), so f - hi compiled is 0 and the lo
-    half would vanish (tests/adapters/test_fused_widening.py caught it). Concatenating and
-    slicing are exact, so the fused form is the eager one to the bit, forward and backward.
+    eager, outside the compiled function: with Inductor's defaults a value cast to 16 bits
+    stays float32 inside a fused kernel, so f - hi compiled was 0 and the lo half vanished
+    (tests/adapters/test_fused_widening.py caught it). ``_fused.INDUCTOR_OPTIONS`` now keeps
+    such roundings, but outside, the split's bits do not rest on a compiler setting.
+    Concatenating and slicing are exact, so the fused form is the eager one to the bit,
+    forward and backward.
     """
     if split and q.dtype in LOW_PRECISION:
         q_hi, k_hi = q_extra.to(q.dtype), k_extra.to(k.dtype)

@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, what in (  # adapters/_fused.py's FusedFunctions
         ("--rotation-kernel", "RoPE, RoPE-Mixed and STRING's rotation of q and k"),
         ("--cope-kernel", "CoPE's N x N bias (gates, counts, interpolation)"),
-        ("--widening-kernel", "PaPE's and PaPE-RI's widened q and k (casts, split, concatenation)"),
+        ("--widening-kernel", "the concatenation of PaPE's and PaPE-RI's widened q and k"),
     ):
         bench.add_argument(
             flag, default="auto", choices=["auto", "fused", "eager"],
