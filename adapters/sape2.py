@@ -71,6 +71,7 @@ from .base import (
     PositionLayout,
     Principle,
     ScoreMod,
+    shared_per_forward,
 )
 from .cope import causal_keep, interpolated_logits
 from .registry import register
@@ -98,6 +99,92 @@ def cell_indices(layout: PositionLayout) -> tuple[Tensor, tuple[int, int]]:
         shape = tuple(int(n) for n in span.tolist())
     limit = torch.tensor(shape, device=cells.device) - 1
     return cells.clamp(min=torch.zeros_like(limit), max=limit), shape
+
+
+class GridLines:
+    """SaPE²'s position-only inputs of one attention call, each made on first use: every
+    layer of a forward asks for the same ones, so :func:`grid_lines` hands the layers one
+    object from the forward's memo and each mask below is computed once per forward, not per
+    layer (issue 16: positional features computed once per forward; the same bits).
+
+    ``rows``, ``cols``: (B, N) each token's cell (``cell_indices``); ``height``, ``width``:
+    the grid's.
+    """
+
+    def __init__(self, inputs: AttentionInputs) -> None:
+        self._layout, self._causal = inputs.query, inputs.causal
+        cells, (self.height, self.width) = cell_indices(inputs.query)
+        self.rows, self.cols = cells[..., 0], cells[..., 1]
+        self._made: dict[tuple, Tensor] = {}
+
+    def _once(self, name: tuple, compute) -> Tensor:
+        if name not in self._made:
+            self._made[name] = compute()
+        return self._made[name]
+
+    def axis(self, axis: str) -> tuple[Tensor, Tensor, int]:
+        """(line, along, length) of an axis: for "x", each token's row (the tokens it is
+        counted with), its column (its index c) and the grid's width; "y" the other way."""
+        if axis == "x":
+            return self.rows, self.cols, self.width
+        return self.cols, self.rows, self.height
+
+    def counted_keys(self, n_q: int, dtype: torch.dtype) -> Tensor:
+        """(B, 1, Nq or 1, N) 1 where a key's gate counts (positioned; causal: not after the
+        query), else 0."""
+
+        def compute() -> Tensor:
+            keep = self._layout.positioned[:, None, None, :]
+            if self._causal:
+                keep = keep & causal_keep(n_q, keep.shape[-1], keep.device)
+            return keep.to(dtype)
+
+        return self._once(("counted", n_q, dtype), compute)
+
+    def same_line(self, axis: str, dtype: torch.dtype) -> Tensor:
+        """(B, 1, N, N) 1 where two tokens share the axis's line (a row for "x")."""
+        line = self.axis(axis)[0]
+
+        def compute() -> Tensor:
+            return (line.unsqueeze(2) == line.unsqueeze(1))[:, None].to(dtype)
+
+        return self._once(("same-line", axis, dtype), compute)
+
+    def reversed_cells(self, axis: str) -> Tensor:
+        """(B, 1, 1, N) each token's index along the axis counted from the far end
+        (length - 1 - c): scattering into it lays the per-cell sums out reversed, ready
+        for the suffix sum's cumsum, which saves a flip per axis and layer."""
+        _, along, length = self.axis(axis)
+        return self._once(("reversed", axis), lambda: (length - 1 - along)[:, None, None, :])
+
+    def steps(self, axis: str, dtype: torch.dtype) -> Tensor:
+        """(B, 1, N, width) Flex's step values v_j(c) = [c_j >= c] of the axis, widened to a
+        power of two >= 16 (what the CUDA kernels take); c_j < length (``cell_indices``
+        clamps), so the extra columns are zero."""
+        _, along, length = self.axis(axis)
+        width = max(16, 1 << (length - 1).bit_length())
+        return self._once(
+            ("steps", axis, dtype),
+            lambda: (along.unsqueeze(-1) >= torch.arange(width, device=along.device)).to(dtype).unsqueeze(1),
+        )
+
+    def positioned_rows(self, dtype: torch.dtype) -> Tensor:
+        """(B, 1, N, 1) 1 for a token with a position: its SaPE vector's mask."""
+        return self._once(("has-pos", dtype), lambda: self._layout.has_pos[:, None, :, None].to(dtype))
+
+    def positioned_pairs(self, dtype: torch.dtype) -> Tensor:
+        """(B, 1, N, N) 1 where both tokens have a position: where the bias may be non-zero."""
+        has_pos = self._layout.has_pos
+
+        def compute() -> Tensor:
+            return (has_pos[:, None, :, None] & has_pos[:, None, None, :]).to(dtype)
+
+        return self._once(("pairs", dtype), compute)
+
+
+def grid_lines(inputs: AttentionInputs) -> GridLines:
+    """The forward's :class:`GridLines` (one for all layers; a new one without a memo)."""
+    return shared_per_forward(inputs, ("sape2-lines", inputs.causal), lambda: GridLines(inputs))
 
 
 class SaPE2Layer(LayerEncoding):
@@ -128,35 +215,30 @@ class SaPE2Layer(LayerEncoding):
                 "query: it needs self-attention, but the query and key layouts describe different tokens"
             )
 
-    def axis_vectors(
-        self, gates: Tensor, probe: Tensor, same_line: Tensor, along: Tensor, length: int, table: Tensor
-    ) -> Tensor:
+    def axis_vectors(self, gates: Tensor, probe: Tensor, lines: GridLines, axis: str, table: Tensor) -> Tensor:
         """SaPE vectors along one axis (Eq. 10-14): (B, H, N, length).
 
-        gates: (B, H, N, N) with uncounted keys zeroed; same_line: (B, N, N) keys in the
-        query's row (for x); along: (B, N) each key's index c along the axis.
+        gates: (B, H, N, N) with uncounted keys zeroed; ``axis`` "x" counts each query's
+        gates over the keys in its row, cell by cell of their columns.
         """
-        in_line = gates * same_line[:, None].to(gates.dtype)
-        index = along[:, None, None, :].expand_as(in_line)
+        length = lines.axis(axis)[2]
+        in_line = gates * lines.same_line(axis, gates.dtype)
+        index = lines.reversed_cells(axis).expand_as(in_line)
         per_cell = torch.zeros(*in_line.shape[:-1], length, dtype=in_line.dtype, device=in_line.device)
+        # per cell, far end first: each cell receives the same sums in the same order as
+        # when laid out forwards and flipped (the same bits, one pass fewer)
         per_cell = per_cell.scatter_add_(-1, index, in_line)
-        positions = per_cell.flip(-1).cumsum(-1).flip(-1)  # p_i(c) = sum over x_j >= c
+        positions = per_cell.cumsum(-1).flip(-1)  # p_i(c) = sum over x_j >= c
         return interpolated_logits(probe, table, positions)
 
     def flex_axis_vectors(
-        self, q: Tensor, k: Tensor, inputs: AttentionInputs, line: Tensor, along: Tensor, length: int, table: Tensor
+        self, q: Tensor, k: Tensor, inputs: AttentionInputs, lines: GridLines, axis: str, table: Tensor
     ) -> Tensor:
-        """``axis_vectors`` without N x N tensors (see module doc): (B, H, N, length).
-
-        line: (B, N) each token's row (for x); along: (B, N) its index c along the axis.
-        """
+        """``axis_vectors`` without N x N tensors (see module doc): (B, H, N, length)."""
         counted, causal = inputs.query.positioned, inputs.causal
+        line, _, length = lines.axis(axis)
         dtype = torch.promote_types(q.dtype, torch.float32)
-        # v_j(c) = [c_j >= c], widened to a power of two >= 16 (what the CUDA kernels take);
-        # c_j < length (cell_indices clamps), so the extra columns are zero.
-        width = max(16, 1 << (length - 1).bit_length())
-        steps = along.unsqueeze(-1) >= torch.arange(width, device=along.device)
-        values = steps.to(dtype).unsqueeze(1).expand(-1, q.shape[1], -1, -1)
+        values = lines.steps(axis, dtype).expand(-1, q.shape[1], -1, -1)
 
         def on_line(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
             keep = counted[b, j] & (line[b, j] == line[b, i])
@@ -175,39 +257,31 @@ class SaPE2Layer(LayerEncoding):
 
     def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod:
         self._check_self_attention(inputs)
-        cells, (height, width) = cell_indices(inputs.query)
-        rows, cols = cells[..., 0], cells[..., 1]
-        vec_x = self.flex_axis_vectors(q, k, inputs, rows, cols, width, self.emb_x)
-        vec_y = self.flex_axis_vectors(q, k, inputs, cols, rows, height, self.emb_y)
+        lines = grid_lines(inputs)
+        vec_x = self.flex_axis_vectors(q, k, inputs, lines, "x", self.emb_x)
+        vec_y = self.flex_axis_vectors(q, k, inputs, lines, "y", self.emb_y)
         return vector_distance_score_mod([vec_x, vec_y], inputs.query.has_pos, 1.0 / math.sqrt(q.shape[-1]))
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
         self._check_self_attention(inputs)
-        layout = inputs.query
-        cells, (height, width) = cell_indices(layout)
-        rows, cols = cells[..., 0], cells[..., 1]
+        lines = grid_lines(inputs)
 
         # gates and counts in at least float32, as the Flex form's (cope.py's ``positions``: in
         # 16 bits a count loses its fraction, which the interpolation reads)
         logits = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
         gates = torch.sigmoid(logits.to(torch.promote_types(q.dtype, torch.float32)))
-        keep = layout.positioned[:, None, None, :]
-        if inputs.causal:
-            keep = keep & causal_keep(q.shape[-2], k.shape[-2], q.device)
-        gates = gates * keep.to(gates.dtype)
+        gates = gates * lines.counted_keys(q.shape[-2], gates.dtype)
 
         probe = k if self.mode == "k" else q
-        same_row = rows.unsqueeze(2) == rows.unsqueeze(1)
-        same_col = cols.unsqueeze(2) == cols.unsqueeze(1)
-        vec_x = self.axis_vectors(gates, probe, same_row, cols, width, self.emb_x)
-        vec_y = self.axis_vectors(gates, probe, same_col, rows, height, self.emb_y)
+        vec_x = self.axis_vectors(gates, probe, lines, "x", self.emb_x)
+        vec_y = self.axis_vectors(gates, probe, lines, "y", self.emb_y)
 
         # Tokens without a position get zero vectors here and zero bias below.
-        has_pos = layout.has_pos[:, None, :, None].to(vec_x.dtype)
-        dist_x = torch.cdist(vec_x * has_pos, vec_x * has_pos, compute_mode="donot_use_mm_for_euclid_dist")
-        dist_y = torch.cdist(vec_y * has_pos, vec_y * has_pos, compute_mode="donot_use_mm_for_euclid_dist")
-        pair = layout.has_pos[:, None, :, None] & layout.has_pos[:, None, None, :]
-        return (dist_x + dist_y) * pair.to(dist_x.dtype) / math.sqrt(q.shape[-1])
+        has_pos = lines.positioned_rows(vec_x.dtype)
+        vec_x, vec_y = vec_x * has_pos, vec_y * has_pos
+        dist_x = torch.cdist(vec_x, vec_x, compute_mode="donot_use_mm_for_euclid_dist")
+        dist_y = torch.cdist(vec_y, vec_y, compute_mode="donot_use_mm_for_euclid_dist")
+        return (dist_x + dist_y) * lines.positioned_pairs(dist_x.dtype) / math.sqrt(q.shape[-1])
 
 
 def _safe_sqrt(x: Tensor) -> Tensor:

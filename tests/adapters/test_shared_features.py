@@ -106,6 +106,7 @@ def test_sharing_changes_no_number(method, monkeypatch):
         ("alibi", "aten._cdist_forward"),  # the dense bias
         ("relpos", "aten.round"),  # the table cells
         ("lookhere", "aten.sqrt"),  # distances and fields of view
+        ("sape2", "aten.amin"),  # the grid's origin (its cells and masks: sape2.GridLines)
     ],
 )
 def test_position_only_features_are_computed_once_per_forward(method, operator):
@@ -113,6 +114,27 @@ def test_position_only_features_are_computed_once_per_forward(method, operator):
     with torch.no_grad(), OperatorCounter() as counter:
         model(torch.randn(2, 3, 16, 16))
     assert counter.counts[operator] == 1, f"{method}: {operator} ran {counter.counts[operator]}x in 4 layers"
+
+
+def test_sape2_on_flex_shares_its_cells_with_the_same_numbers(monkeypatch):
+    """SaPE²'s Flex form (CUDA's from 2²³ bias elements on) takes its cells and step values
+    from the forward's memo too: the same outputs as computing them in every layer, and the
+    grid's origin found once."""
+    from pe_bench.adapters import sape2
+    from pe_bench.harness.attention import attention_kernel
+
+    calls, cell_indices = [], sape2.cell_indices
+    monkeypatch.setattr(sape2, "cell_indices", lambda layout: calls.append(1) or cell_indices(layout))
+    model = _vit("sape2").eval()
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad(), attention_kernel("flex"):
+        shared = model(images)
+    assert len(calls) == 1  # 4 layers
+    monkeypatch.setattr(PositionLayout, "sharing_features", lambda self: self)
+    with torch.no_grad(), attention_kernel("flex"):
+        per_layer = model(images)
+    assert len(calls) == 1 + 4
+    assert torch.equal(shared, per_layer)
 
 
 def test_the_memo_dies_with_its_forward():
