@@ -289,14 +289,14 @@ class LookHereLayer(LayerEncoding):
         # Distances and fields of view are the same in every layer (only the slopes change):
         # computed once per forward.
         view = (self.slopes.dtype, tuple(self.fields_of_view))
-        dist, pair, masked = shared_per_forward(inputs, ("lookhere-view", view), lambda: self._view(inputs))
-        distance_bias = -self.slopes[:, None, None] * dist.unsqueeze(1)
-        out = torch.where(pair, distance_bias, torch.zeros_like(distance_bias))
-        return out.masked_fill(masked, float("-inf"))
+        pair_dist, masked = shared_per_forward(inputs, ("lookhere-view", view), lambda: self._view(inputs))
+        # 0 outside positioned pairs comes from the shared distances (-slope * 0: a -0.0 there,
+        # which adds to a score as +0.0 does), so a layer makes two passes, not four
+        return (-self.slopes[:, None, None] * pair_dist).masked_fill(masked, float("-inf"))
 
-    def _view(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor, Tensor]:
-        """(B, Nq, Nk) distances, (B, 1, Nq, Nk) positioned pairs and (B, H, Nq, Nk) masked
-        pairs, cut to one sample when every sample shares them."""
+    def _view(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        """(B, 1, Nq, Nk) distances of positioned pairs (0 elsewhere) and (B, H, Nq, Nk)
+        masked pairs, cut to one sample when every sample shares them."""
         inputs = first_sample_if_shared(inputs)  # a grid's bias is built once, not per sample
         query, key = inputs.query, inputs.key
         cq, ck = self._coords(inputs)
@@ -305,7 +305,7 @@ class LookHereLayer(LayerEncoding):
         visible = self.visibility(delta, dist)
         pair = query.has_pos[:, None, :, None] & key.has_pos[:, None, None, :]
         masked = pair & ~visible & ~self.unmasked_rows(inputs, visible).unsqueeze(-1)
-        return dist, pair, masked
+        return torch.where(pair, dist.unsqueeze(1), 0.0), masked
 
     def score_mod(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> ScoreMod:
         # The fields of view go into the score_mod as -inf rather than into a mask_mod:
