@@ -49,6 +49,7 @@ from pe_bench.adapters.base import positional_parameters
 from pe_bench.harness.attention import attention_kernel, set_attention_kernel
 from pe_bench.harness.compile import compile_model
 from pe_bench.harness.config import ModelConfig
+from pe_bench.harness.reports.compiled_attention import recording
 from pe_bench.harness.reports.host_sync import host_syncs_per_step
 from pe_bench.harness.reports.op_count import bytes_written_per_step, operators_per_pass
 from pe_bench.tasks._shared.vit import ViT, image_geometry
@@ -239,12 +240,14 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
             jobs[method].append((f"train_step_ms_b{spec.train_batch}", 1, _TrainStep(model, images, spec.device)))
     threads = spec.threads or torch.get_num_threads()
     samples: dict[tuple[str, str], list[benchmark.Measurement]] = {}
-    for _ in range(spec.repeats):  # interleaved, so a noisy machine's drift hits every method alike
-        for method in methods:
-            for column, _, job in jobs[method]:
-                timer = benchmark.Timer("job()", globals={"job": job}, num_threads=threads, label=column,
-                                        sub_label=method)  # fmt: skip
-                samples.setdefault((method, column), []).append(timer.timeit(number=1))
+    with recording() as compiled:  # the kernels the compiled graphs run (``--compile``)
+        for _ in range(spec.repeats):  # interleaved, so a noisy machine's drift hits every method alike
+            for method in methods:
+                for column, _, job in jobs[method]:
+                    timer = benchmark.Timer("job()", globals={"job": job}, num_threads=threads, label=column,
+                                            sub_label=method)  # fmt: skip
+                    with compiled.attributing(f"{method}:{column.split('_', 1)[0]}"):  # train / infer
+                        samples.setdefault((method, column), []).append(timer.timeit(number=1))
     times = {key: benchmark.Measurement.merge(measured)[0] for key, measured in samples.items()}
     memory = {m: vit_peak_memory(m, spec) for m in methods}
     first = inputs[spec.batches[0]]
@@ -267,6 +270,8 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
         row["pos_params"] = _positional_parameters(models[method])
         row["params"] = sum(p.numel() for p in models[method].parameters())
         row["sdpa"] = sdpa_backend(models[method], first, spec.device)
+        if spec.compile:
+            row["sdpa"] = compiled.column(method, row["sdpa"])
         if not spec.compile:  # a compiled model runs fused kernels, not these operators
             low = torch.bfloat16 if spec.device.startswith("cuda") else None  # as the timed passes run
             with attention_kernel("dense"):

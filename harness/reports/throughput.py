@@ -27,6 +27,7 @@ from pe_bench.harness.reports.bench import (
     compile_for_bench,
     sdpa_backend,
 )
+from pe_bench.harness.reports.compiled_attention import recording
 from pe_bench.harness.reports.paired import PairedTiming, paired_timing
 
 #: the encodings of the GPU table (issue 16), nopos first.
@@ -241,35 +242,39 @@ def _measure_method(
     ran: dict[str, tuple[Callable[[], None], PairedTiming]] = {}
     # the largest batch first, so that its training peak holds no smaller batch's optimiser
     # state (the jobs that ran stay alive: nopos's are the baseline)
-    for batch in sorted(spec.batches, reverse=True):
-        images = torch.randn(batch, 3, size, size, device=spec.device)
-        jobs = {
-            "train": _TrainStep(model, images, spec.device),
-            "infer": lambda x=images: _inference(model, x, spec.device),
-        }
-        for mode, job in jobs.items():
-            column = f"{mode}_img_s_b{batch}"
-            peak = mode == "train" and batch == max(spec.batches)
-            if peak:
-                row["train_peak_mib"] = None
-            try:
-                job()  # two warm-up calls: compilation, allocator, autotuning
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats()
-                job()
-                if peak and cuda:  # read now: the timed calls alternate with nopos's
-                    row["train_peak_mib"] = round((torch.cuda.max_memory_allocated() - resident) / 2**20, 1)
-                reference = None if baseline is None else baseline.jobs.get(column)
-                timing = paired_timing(job, reference, spec.repeats, spec.threads)
-            except Exception as error:  # OOM, a kernel that refuses the shapes, ...
-                row[column] = _failure(error)
-                continue
-            row[column] = round(batch / timing.median_seconds, 1)
-            if reference is not None:
-                row[f"{column}_vs_nopos"] = round(timing.slowdown, 3)
-                row[f"{column}_vs_nopos_iqr"] = round(timing.slowdown_iqr, 3)
-                baseline.seconds[column] += timing.reference_seconds
-            ran[column] = (job, timing)
+    with recording() as compiled:  # the kernels the compiled graphs run (``--compile``)
+        for batch in sorted(spec.batches, reverse=True):
+            images = torch.randn(batch, 3, size, size, device=spec.device)
+            jobs = {
+                "train": _TrainStep(model, images, spec.device),
+                "infer": lambda x=images: _inference(model, x, spec.device),
+            }
+            for mode, job in jobs.items():
+                column = f"{mode}_img_s_b{batch}"
+                peak = mode == "train" and batch == max(spec.batches)
+                if peak:
+                    row["train_peak_mib"] = None
+                try:
+                    with compiled.attributing(f"{method}:{mode}"):
+                        job()  # two warm-up calls: compilation, allocator, autotuning
+                        if cuda:
+                            torch.cuda.reset_peak_memory_stats()
+                        job()
+                    if peak and cuda:  # read now: the timed calls alternate with nopos's
+                        row["train_peak_mib"] = round((torch.cuda.max_memory_allocated() - resident) / 2**20, 1)
+                    reference = None if baseline is None else baseline.jobs.get(column)
+                    timing = paired_timing(job, reference, spec.repeats, spec.threads)
+                except Exception as error:  # OOM, a kernel that refuses the shapes, ...
+                    row[column] = _failure(error)
+                    continue
+                row[column] = round(batch / timing.median_seconds, 1)
+                if reference is not None:
+                    row[f"{column}_vs_nopos"] = round(timing.slowdown, 3)
+                    row[f"{column}_vs_nopos_iqr"] = round(timing.slowdown_iqr, 3)
+                    baseline.seconds[column] += timing.reference_seconds
+                ran[column] = (job, timing)
+    if spec.compile and method != TIMM_ROW:
+        row["kernel"] = compiled.column(method, row["kernel"])
     return row, ran
 
 

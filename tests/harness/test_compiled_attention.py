@@ -1,0 +1,85 @@
+"""``bench --compile``'s kernel column read from the compiled graphs
+(harness/reports/compiled_attention.py), not from an eager probe of the model."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from pe_bench.harness.reports.compiled_attention import CompiledAttention, kernel_of, recording
+
+
+def _attention(q: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, q, q).sum()
+
+
+def test_backend_operators_are_named_as_sdpa_names_them():
+    ops = torch.ops.aten
+    assert kernel_of(ops._scaled_dot_product_flash_attention_for_cpu.default) == "FLASH_ATTENTION"
+    assert kernel_of(ops._scaled_dot_product_flash_attention_for_cpu_backward.default) == "FLASH_ATTENTION"
+    assert kernel_of(ops._scaled_dot_product_cudnn_attention.default) == "CUDNN_ATTENTION"
+    assert kernel_of(ops._scaled_dot_product_efficient_attention_backward.default) == "EFFICIENT_ATTENTION"
+    assert kernel_of(torch.ops.higher_order.flex_attention) == "FLEX"
+    assert kernel_of(ops.bmm.default) is None
+
+
+def test_the_compiled_graphs_name_their_kernel_per_mode():
+    """Inductor's graphs of a training step (forward and backward) and of an inference call,
+    each attributed to its mode; the math backend, written out as products, is MATH."""
+    q = torch.randn(2, 4, 16, 8, requires_grad=True)
+    torch._dynamo.reset()
+    with recording() as compiled:
+        with compiled.attributing("m:train"):
+            torch.compile(_attention, dynamic=False)(q).backward()
+        torch._dynamo.reset()
+        with compiled.attributing("m:infer"), sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+            torch.compile(_attention, dynamic=False)(q)
+    assert compiled.kernels("m:train") == "FLASH_ATTENTION"
+    assert compiled.kernels("m:infer") == "MATH"
+    assert compiled.kernels("other:infer") is None  # compiled nothing
+    assert compiled.column("m", "FLASH_ATTENTION") == "MATH (training: FLASH_ATTENTION) (eager: FLASH_ATTENTION)"
+
+
+def test_graphs_compiled_outside_an_attribution_are_no_ones():
+    q = torch.randn(2, 4, 16, 8)
+    torch._dynamo.reset()
+    with recording() as compiled:
+        torch.compile(_attention, dynamic=False)(q)
+    assert compiled.kernels("m:infer") is None
+
+
+def _graph(*targets) -> torch.fx.Graph:
+    """A graph calling ``targets`` (what the recorder reads of a lowered graph)."""
+    graph = torch.fx.Graph()
+    for target in targets:
+        graph.call_function(target, ())
+    return graph
+
+
+def test_the_column_says_where_it_did_not_see_the_compiled_kernel():
+    ops, compiled = torch.ops.aten, CompiledAttention()
+    assert compiled.column("rope", "CUDNN_ATTENTION") == "CUDNN_ATTENTION (eager probe; no compiled graph seen)"
+    for mode in ("infer", "train"):
+        with compiled.attributing(f"rope:{mode}"):
+            compiled.read(_graph(ops.mul.Tensor, ops._scaled_dot_product_cudnn_attention.default))
+    assert compiled.column("rope", "CUDNN_ATTENTION") == "CUDNN_ATTENTION"
+    assert compiled.column("rope", "FLASH_ATTENTION") == "CUDNN_ATTENTION (eager: FLASH_ATTENTION)"
+    with compiled.attributing("alibi:train"):
+        compiled.read(_graph(torch.ops.higher_order.flex_attention))
+        compiled.read(_graph(ops._scaled_dot_product_efficient_attention_backward.default))
+    assert compiled.kernels("alibi:train") == "FLEX+EFFICIENT_ATTENTION"
+
+
+def test_a_compiled_throughput_row_reads_its_kernel_from_inductors_graphs(monkeypatch):
+    """The whole path on this CPU: ``bench --compile --throughput``'s rows name the kernel that
+    Inductor's graphs call (the CPU's flash kernel), and the eager probe's answer beside it
+    where it differs (here made to, so that the row shows which of the two it reports)."""
+    from pe_bench.harness.reports import throughput
+    from pe_bench.harness.reports.bench import BenchSpec
+
+    monkeypatch.setattr(throughput, "attention_kernels", lambda *args: "EAGER_PROBE")
+    torch._dynamo.reset()
+    spec = BenchSpec(model="tiny", methods=(), batches=(2,), train_batch=0, repeats=1, compile=True)
+    kernel = throughput.throughput_table(spec).loc["nopos", "kernel"]
+    assert kernel == "FLASH_ATTENTION (eager: EAGER_PROBE)"
