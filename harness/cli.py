@@ -553,6 +553,7 @@ def _bench(args: argparse.Namespace) -> int:
     from pe_bench.harness.reports.bench import TABLE4_METHODS, TIMM_ROW, BenchSpec, forward_table, header
     from pe_bench.harness.reports.sweep import SWEEP_METHODS, sweep_markdown, sweep_table
 
+    _check_device(args.device)
     if args.task:
         from pe_bench.tasks import get_task
 
@@ -699,6 +700,25 @@ def _flex_probe(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out / "flex_probe.csv", index=False)
     return 0
+
+
+def _check_device(device: str) -> None:
+    """--device names a device this machine has: a misspelt one, or cuda without a GPU, is a
+    one-line error before any model is built (it was torch's traceback from deep inside)."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"bench --device {device!r}: not a device; use cpu, cuda or cuda:N") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
+        raise ValueError(
+            f"bench --device {device}: this machine has no usable CUDA device (torch {torch.__version__}, {built});"
+            " use --device cpu, or run on a machine with an NVIDIA GPU and driver"
+        )
+    if kind == "cuda" and (index := torch.device(device).index) is not None and index >= torch.cuda.device_count():
+        raise ValueError(f"bench --device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 def _check_attention_kernel(args: argparse.Namespace) -> None:

@@ -145,3 +145,13 @@ def test_sdpa_backend_probes_a_compiled_model_eagerly():
     compile_model(model, backend="aot_eager", dynamic=False)
     assert sdpa_backend(model, torch.randn(1, 3, 16, 16), "cpu") == "FLASH_ATTENTION"
     torch._dynamo.reset()
+
+
+def test_a_device_this_machine_lacks_is_a_one_line_error(capsys, monkeypatch):
+    """--device cuda without a GPU, or a misspelt device, says so before any model is built
+    (it was torch's traceback from the first CUDA call)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--device", "cuda", "--methods", "nopos"]) == 2
+    assert "no usable CUDA device" in capsys.readouterr().err
+    assert main(["bench", "--device", "gpu", "--methods", "nopos"]) == 2
+    assert "not a device; use cpu, cuda or cuda:N" in capsys.readouterr().err
