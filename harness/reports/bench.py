@@ -240,7 +240,7 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
             jobs[method].append((f"train_step_ms_b{spec.train_batch}", 1, _TrainStep(model, images, spec.device)))
     threads = spec.threads or torch.get_num_threads()
     samples: dict[tuple[str, str], list[benchmark.Measurement]] = {}
-    with recording() as compiled:  # the kernels the compiled graphs run (``--compile``)
+    with recording(spec.compile) as compiled:  # the kernels the compiled graphs run (``--compile``)
         for _ in range(spec.repeats):  # interleaved, so a noisy machine's drift hits every method alike
             for method in methods:
                 for column, _, job in jobs[method]:

@@ -101,10 +101,14 @@ class CompiledAttention:
 
 
 @contextmanager
-def recording() -> Iterator[CompiledAttention]:
+def recording(active: bool = True) -> Iterator[CompiledAttention]:
     """Record the attention kernels of every graph Inductor compiles inside the block (an
-    earlier custom post-grad pass, if any, still runs first)."""
+    earlier custom post-grad pass, if any, still runs first). Not ``active``: a record that
+    stays empty, and Inductor untouched (an eager table's fused functions keep its cache)."""
     record = CompiledAttention()
+    if not active:
+        yield record
+        return
     previous = inductor_config.post_grad_custom_post_pass
 
     def record_pass(graph: torch.fx.Graph) -> None:

@@ -242,7 +242,7 @@ def _measure_method(
     ran: dict[str, tuple[Callable[[], None], PairedTiming]] = {}
     # the largest batch first, so that its training peak holds no smaller batch's optimiser
     # state (the jobs that ran stay alive: nopos's are the baseline)
-    with recording() as compiled:  # the kernels the compiled graphs run (``--compile``)
+    with recording(spec.compile) as compiled:  # the kernels the compiled graphs run (``--compile``)
         for batch in sorted(spec.batches, reverse=True):
             images = torch.randn(batch, 3, size, size, device=spec.device)
             jobs = {
