@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -83,3 +84,32 @@ def test_a_compiled_throughput_row_reads_its_kernel_from_inductors_graphs(monkey
     spec = BenchSpec(model="tiny", methods=(), batches=(2,), train_batch=0, repeats=1, compile=True)
     kernel = throughput.throughput_table(spec).loc["nopos", "kernel"]
     assert kernel == "FLASH_ATTENTION (eager: EAGER_PROBE)"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["nopos", "rope", "pape"])
+def test_compiled_cuda_layers_call_the_eager_probes_kernel(method):
+    """CUDA, bf16, one ViT-B layer at 224² (batch 8): the kernel a compiled training step and
+    inference call is the one the eager probe names. Compiled rope trained at 1.20x compiled
+    nopos on an H200 (11-27) for elementwise work worth a few per cent; a compiled graph that
+    calls another kernel (AOT autograd picks it on the compiled graph's strides) would be one
+    cause, and this names it."""
+    from pe_bench.adapters import EncodingFactory
+    from pe_bench.harness.config import ModelConfig
+    from pe_bench.harness.reports.bench import _inference, _TrainStep, compile_for_bench, sdpa_backend
+    from pe_bench.tasks._shared.vit import ViT, image_geometry
+
+    config = ModelConfig(dim=768, depth=1, num_heads=12, patch_size=16)
+    torch.manual_seed(0)
+    model = ViT(EncodingFactory(method, {}), image_geometry((224, 224), 16), config, 3, 1000).cuda()
+    images = torch.randn(8, 3, 224, 224, device="cuda")
+    eager = sdpa_backend(model, images, "cuda")
+    torch._dynamo.reset()
+    compile_for_bench(model)
+    with recording() as compiled:
+        with compiled.attributing(f"{method}:train"):
+            _TrainStep(model, images, "cuda")()
+        with compiled.attributing(f"{method}:infer"):
+            _inference(model, images, "cuda")
+    assert compiled.column(method, eager) == eager
