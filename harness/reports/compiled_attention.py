@@ -71,6 +71,10 @@ class CompiledAttention:
             if node.op == "call_function" and (kernel := kernel_of(node.target)) is not None:
                 kernels.add(kernel)
 
+    def labels(self) -> set[str]:
+        """The labels that compiled at least one graph."""
+        return {label for label, graphs in self._graphs.items() if graphs}
+
     def kernels(self, label: str) -> str | None:
         """``label``'s kernels as one name or "FLEX+a" (as ``bench``'s eager probe names
         them); None when it compiled nothing here. A label is one mode (inference or a
@@ -100,12 +104,19 @@ class CompiledAttention:
         return compiled if compiled == eager else f"{compiled} (eager: {eager})"
 
 
+#: what every compiled table of this process has seen, by method and mode. Dynamo reuses a
+#: graph it compiled for a new model of the same method and shapes (its guards hold for
+#: any instance), so a second table of the same models compiles, and shows, nothing: the
+#: record outlives a table, and its rows read the first table's graphs.
+SEEN = CompiledAttention()
+
+
 @contextmanager
 def recording(active: bool = True) -> Iterator[CompiledAttention]:
-    """Record the attention kernels of every graph Inductor compiles inside the block (an
-    earlier custom post-grad pass, if any, still runs first). Not ``active``: a record that
-    stays empty, and Inductor untouched (an eager table's fused functions keep its cache)."""
-    record = CompiledAttention()
+    """Record in :data:`SEEN` the attention kernels of every graph Inductor compiles inside
+    the block (an earlier custom post-grad pass, if any, still runs first). Not ``active``:
+    Inductor untouched (an eager table's fused functions keep its cache)."""
+    record = SEEN
     if not active:
         yield record
         return

@@ -25,7 +25,15 @@ def test_backend_operators_are_named_as_sdpa_names_them():
     assert kernel_of(ops.bmm.default) is None
 
 
-def test_the_compiled_graphs_name_their_kernel_per_mode():
+@pytest.fixture
+def fresh_record(monkeypatch):
+    """The process-wide record (``compiled_attention.SEEN``) replaced by an empty one."""
+    from pe_bench.harness.reports import compiled_attention
+
+    monkeypatch.setattr(compiled_attention, "SEEN", CompiledAttention())
+
+
+def test_the_compiled_graphs_name_their_kernel_per_mode(fresh_record):
     """Inductor's graphs of a training step (forward and backward) and of an inference call,
     each attributed to its mode; the math backend, written out as products, is MATH."""
     q = torch.randn(2, 4, 16, 8, requires_grad=True)
@@ -42,12 +50,12 @@ def test_the_compiled_graphs_name_their_kernel_per_mode():
     assert compiled.column("m", "FLASH_ATTENTION") == "MATH (training: FLASH_ATTENTION) (eager: FLASH_ATTENTION)"
 
 
-def test_graphs_compiled_outside_an_attribution_are_no_ones():
+def test_graphs_compiled_outside_an_attribution_are_no_ones(fresh_record):
     q = torch.randn(2, 4, 16, 8)
     torch._dynamo.reset()
     with recording() as compiled:
         torch.compile(_attention, dynamic=False)(q)
-    assert compiled.kernels("m:infer") is None
+    assert compiled.labels() == set()
 
 
 def _graph(*targets) -> torch.fx.Graph:
@@ -72,45 +80,46 @@ def test_the_column_says_where_it_did_not_see_the_compiled_kernel():
     assert compiled.kernels("alibi:train") == "FLEX+EFFICIENT_ATTENTION"
 
 
-def test_a_compiled_throughput_row_names_the_kernel_its_graphs_call(monkeypatch):
-    """``bench --compile --throughput``'s rows name the kernel their compiled graphs call, and
-    the eager probe's answer beside it where it differs (here made to, so that the row shows
-    which of the two it reports). The graphs are AOT autograd's, read as Inductor's post-grad
-    pass would read them (the test above runs that pass), without Inductor's C++ compile
-    (half a minute here)."""
-    from contextlib import contextmanager
-
+@pytest.fixture
+def graphs_read_without_inductor(monkeypatch):
+    """``bench``'s compiled models compiled by AOT autograd alone, their graphs read as
+    Inductor's post-grad pass would read them (``test_the_compiled_graphs_name_their_kernel_per_mode``
+    runs that pass), without Inductor's C++ compile (half a minute a table here); the eager
+    probe made to answer EAGER_PROBE, so that a row shows which of the two it reports."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
     from pe_bench.harness.compile import compile_model
-    from pe_bench.harness.reports import bench, throughput
+    from pe_bench.harness.reports import bench, compiled_attention, throughput
 
-    records = []
-
-    @contextmanager
-    def reading(active: bool = True):
-        records.append(CompiledAttention())
-        yield records[-1]
+    monkeypatch.setattr(compiled_attention, "SEEN", CompiledAttention())  # this test's own
 
     def read(graph_module, example_inputs):
-        records[-1].read(graph_module.graph)
+        compiled_attention.SEEN.read(graph_module.graph)
         return make_boxed_func(graph_module.forward)
 
     backend = aot_autograd(fw_compiler=read, bw_compiler=read)
-    monkeypatch.setattr(throughput, "recording", reading)
     monkeypatch.setattr(bench, "compile_model", lambda model, **kw: compile_model(model, backend=backend, **kw))
     monkeypatch.setattr(throughput, "attention_kernels", lambda *args: "EAGER_PROBE")
+    monkeypatch.setattr(bench, "sdpa_backend", lambda *args: "EAGER_PROBE")
     torch._dynamo.reset()
+
+
+def test_compiled_rows_name_the_kernel_their_graphs_call(graphs_read_without_inductor):
+    """``bench --compile``: the throughput table's and the forward table's rows; the second
+    table's nopos reuses the first's compiled graphs (Dynamo's guards hold for a new model of
+    the same method and shapes), so it compiles nothing and reads what the first one saw."""
+    from pe_bench.harness.reports import bench, throughput
+
     spec = bench.BenchSpec(model="tiny", methods=(), batches=(2,), train_batch=0, repeats=1, compile=True)
-    kernel = throughput.throughput_table(spec).loc["nopos", "kernel"]
-    assert kernel == "FLASH_ATTENTION (eager: EAGER_PROBE)"
+    assert throughput.throughput_table(spec).loc["nopos", "kernel"] == "FLASH_ATTENTION (eager: EAGER_PROBE)"
+    assert bench.forward_table(spec).loc["nopos", "sdpa"] == "FLASH_ATTENTION (eager: EAGER_PROBE)"
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("method", ["nopos", "rope", "pape"])
-def test_compiled_cuda_layers_call_the_eager_probes_kernel(method):
+def test_compiled_cuda_layers_call_the_eager_probes_kernel(method, fresh_record):
     """CUDA, bf16, one ViT-B layer at 224² (batch 8): the kernel a compiled training step and
     inference call is the one the eager probe names. Compiled rope trained at 1.20x compiled
     nopos on an H200 (11-27) for elementwise work worth a few per cent; a compiled graph that
