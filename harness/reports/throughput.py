@@ -28,7 +28,7 @@ from pe_bench.harness.reports.bench import (
     sdpa_backend,
 )
 from pe_bench.harness.reports.compiled_attention import recording
-from pe_bench.harness.reports.paired import PairedTiming, paired_timing
+from pe_bench.harness.reports.paired import PairedTiming, paired_timing, time_call
 
 #: the encodings of the GPU table (issue 16), nopos first.
 THROUGHPUT_METHODS = (
@@ -225,7 +225,7 @@ def _measure_method(
     kernels; failures as text. Returns the row and, per column that ran, the job and its
     timing (nopos's become the baseline)."""
     row: dict[str, object] = {"method": method}
-    cuda = spec.device.startswith("cuda")
+    cuda, threads = spec.device.startswith("cuda"), spec.threads or torch.get_num_threads()
     resident = torch.cuda.memory_allocated() if cuda else 0  # nopos's jobs, while measuring another
     try:
         model, size = _build_vit(method, BenchSpec(**{**spec.__dict__, "compile": False}))
@@ -255,15 +255,19 @@ def _measure_method(
                 if peak:
                     row["train_peak_mib"] = None
                 try:
+                    # two warm-up calls (compilation, allocator, autotuning) with the timed calls'
+                    # CPU threads: Dynamo guards compiled code on the thread count, so a model
+                    # warmed up with another count compiled again inside its first timed calls
+                    # (`--compile --threads 1` on a 2-core CPU timed nopos at 0.6 img/s)
                     with compiled.attributing(f"{method}:{mode}"):
-                        job()  # two warm-up calls: compilation, allocator, autotuning
+                        time_call(job, threads)
                         if cuda:
                             torch.cuda.reset_peak_memory_stats()
-                        job()
+                        time_call(job, threads)
                     if peak and cuda:  # read now: the timed calls alternate with nopos's
                         row["train_peak_mib"] = round((torch.cuda.max_memory_allocated() - resident) / 2**20, 1)
                     reference = None if baseline is None else baseline.jobs.get(column)
-                    timing = paired_timing(job, reference, spec.repeats, spec.threads)
+                    timing = paired_timing(job, reference, spec.repeats, threads)
                 except Exception as error:  # OOM, a kernel that refuses the shapes, ...
                     row[column] = _failure(error)
                     continue
