@@ -270,9 +270,9 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
         row["pos_params"] = _positional_parameters(models[method])
         row["params"] = sum(p.numel() for p in models[method].parameters())
         row["sdpa"] = sdpa_backend(models[method], first, spec.device)
-        if spec.compile:
+        if spec.compile:  # the kernel its compiled graphs call; and no operator counts: it runs fused kernels
             row["sdpa"] = compiled.column(method, row["sdpa"])
-        if not spec.compile:  # a compiled model runs fused kernels, not these operators
+        else:
             low = torch.bfloat16 if spec.device.startswith("cuda") else None  # as the timed passes run
             with attention_kernel("dense"):
                 row["ops_fwd"], row["ops_train"] = operators_per_pass(models[method], first[:1], low)
