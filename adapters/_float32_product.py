@@ -38,6 +38,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ._rounding import rounded_pieces
+
 PIECE_DTYPE = torch.bfloat16
 
 #: the bf16 -> float32 batched matmul on the matrix units, where this torch has it
@@ -45,11 +47,11 @@ _WIDE_BMM = "dtype" in torch.ops.aten.bmm.overloads()
 
 
 def pieces(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """x (float32) as hi + mid + lo, three bf16 tensors whose float32 sum is x to 24 bits."""
-    hi = x.to(PIECE_DTYPE)
-    rest = x - hi  # exact: x and hi share their leading bits
-    mid = rest.to(PIECE_DTYPE)
-    return hi, mid, (rest - mid).to(PIECE_DTYPE)
+    """x (float32) as hi + mid + lo, three bf16 tensors whose float32 sum is x to 24 bits
+    (each difference exact: x and hi share their leading bits). ``rounded_pieces``: compiled,
+    by an operator the compiler cannot fuse the roundings out of."""
+    hi, mid, lo = rounded_pieces(x, PIECE_DTYPE, 3)
+    return hi, mid, lo
 
 
 class Float32Keys(NamedTuple):

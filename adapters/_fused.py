@@ -33,7 +33,8 @@ from ._flex import raise_recompile_limit
 #: float32 product's three bf16 pieces (adapters/_float32_product.py) two of them, silently
 #: turning float32-accurate positional logits into 16-bit ones under ``trainer.compile``
 #: (tests/harness/test_compile.py: every lo zero with the defaults, eager's bits with this).
-#: It also makes other compiled 16-bit arithmetic round where eager rounds.
+#: It also makes other compiled 16-bit arithmetic round where eager rounds. PaPE's pieces no
+#: longer rest on it: torch 2.11 dropped them even with it (``_rounding``).
 INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
 
 

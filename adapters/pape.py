@@ -113,6 +113,7 @@ from torch import Tensor, nn
 from ._flex import indexed_once
 from ._float32_product import float32_product, keys_for_product
 from ._fused import FusedFunction
+from ._rounding import rounded_pieces
 from .base import (
     AttentionInputs,
     EncodingOptions,
@@ -228,19 +229,20 @@ def widen_heads(
     Compiled, Inductor writes each widened head in one pass over its parts. The split stays
     eager, outside the compiled function: with Inductor's defaults a value cast to 16 bits
     stays float32 inside a fused kernel, so f - hi compiled was 0 and the lo half vanished
-    (tests/adapters/test_fused_widening.py caught it). ``_fused.INDUCTOR_OPTIONS`` now keeps
-    such roundings, but outside, the split's bits do not rest on a compiler setting.
+    (tests/adapters/test_fused_widening.py caught it). ``_fused.INDUCTOR_OPTIONS`` keeps such
+    roundings in torch 2.14 but not in 2.11, so the split's bits rest on no compiler setting:
+    eager here, and an opaque operator where the whole model is compiled (``_rounding``).
     Concatenating and slicing are exact, so the fused form is the eager one to the bit,
     forward and backward.
     """
     if split and q.dtype in LOW_PRECISION:
-        q_hi, k_hi = q_extra.to(q.dtype), k_extra.to(k.dtype)
         # The gradient passes through hi alone (rounding taken as the identity): lo = f - hi
         # has derivative 1 - 1 = 0 in f, which autograd would otherwise form as a sum of
         # +g and -g, four operators more per side in the backward and a rounding error.
-        # f - hi promotes hi inside the subtraction (exactly), without a float32 copy of it.
-        q_lo = (q_extra.detach() - q_hi.detach()).to(q.dtype)
-        k_lo = (k_extra.detach() - k_hi.detach()).to(k.dtype)
+        # Compiled, the halves are cut by an operator the compiler cannot fuse into
+        # (``_rounding``: torch 2.11's Inductor lost lo here even with INDUCTOR_OPTIONS).
+        q_hi, q_lo = rounded_pieces(q_extra, q.dtype, 2)
+        k_hi, k_lo = rounded_pieces(k_extra, k.dtype, 2)
         q_tail, k_tail = [q_hi, q_hi, q_lo], [k_hi, k_lo, k_hi]
     else:
         q_tail, k_tail = [q_extra.to(q.dtype)], [k_extra.to(k.dtype)]
