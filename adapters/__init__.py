@@ -7,6 +7,10 @@ discovered through the ``pe_bench.encodings`` entry-point group on first lookup.
 import importlib
 import pkgutil
 
+import torch
+
+from pe_bench.requirements import check_torch
+
 from .base import (
     AttentionInputs,
     EncodingOptions,
@@ -18,6 +22,9 @@ from .base import (
     Principle,
 )
 from .registry import ENCODINGS, EncodingFactory, UnknownEncodingError, available, build, get, register
+
+# an older torch fails later, deep inside a compile; here it is named
+check_torch(torch.__version__)
 
 # Every module of this package other than the protocol itself is one built-in encoding:
 # importing it runs its @register. Adding an encoding is adding a file.
