@@ -48,10 +48,16 @@ def _cut(x: Tensor, dtype: torch.dtype, count: int) -> list[Tensor]:
 
 @torch.library.custom_op("pe_bench::rounded_pieces", mutates_args=())
 def _rounded_pieces_op(x: Tensor, dtype: torch.dtype, count: int) -> list[Tensor]:
-    # written into fresh tensors laid out as ``empty_like`` lays them (the fake below): a
-    # custom operator may not return its input (``to`` would, for x already in ``dtype``),
-    # and the compiler plans its buffers on the fake's strides
-    return [torch.empty_like(x, dtype=dtype).copy_(piece) for piece in _cut(x.detach(), dtype, count)]
+    # each piece rounded by copying into a fresh tensor laid out as ``empty_like`` lays it
+    # out (the fake below): a custom operator may not return its input (``to`` would, for x
+    # already in ``dtype``), and the compiler plans its buffers on the fake's strides; the
+    # copy rounds as ``to`` does, so the pieces are ``_cut``'s
+    pieces, rest = [], x.detach()
+    for index in range(count):
+        pieces.append(torch.empty_like(x, dtype=dtype).copy_(rest))
+        if index + 1 < count:
+            rest = rest - pieces[-1]
+    return pieces
 
 
 @_rounded_pieces_op.register_fake
