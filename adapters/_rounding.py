@@ -20,6 +20,8 @@ it may rewrite; eagerly by the same casts, operator for operator, as before.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -32,17 +34,17 @@ def rounded_pieces(x: Tensor, dtype: torch.dtype, count: int) -> list[Tensor]:
     1 - 1 = 0, which autograd would form as sums of +g and -g)."""
     if torch.compiler.is_compiling():
         return torch.ops.pe_bench.rounded_pieces(x, dtype, count)
-    return _cut(x, dtype, count)
+    return _cut(x, count, lambda t: t.to(dtype))
 
 
-def _cut(x: Tensor, dtype: torch.dtype, count: int) -> list[Tensor]:
-    """The eager casts: ``rounded_pieces`` outside a compiler."""
-    first = x.to(dtype)
-    pieces, rest = [first], x.detach()
+def _cut(x: Tensor, count: int, rounded: Callable[[Tensor], Tensor]) -> list[Tensor]:
+    """``count`` pieces of x, each the ``rounded`` rest: eagerly by casts, in the operator
+    below by copies. Only the first piece keeps x's gradient."""
+    pieces, rest = [rounded(x)], x.detach()
     for _ in range(count - 1):
         # rest - piece promotes the 16-bit piece inside the subtraction, exactly
         rest = rest - pieces[-1].detach()
-        pieces.append(rest.to(dtype))
+        pieces.append(rounded(rest))
     return pieces
 
 
@@ -51,13 +53,8 @@ def _rounded_pieces_op(x: Tensor, dtype: torch.dtype, count: int) -> list[Tensor
     # each piece rounded by copying into a fresh tensor laid out as ``empty_like`` lays it
     # out (the fake below): a custom operator may not return its input (``to`` would, for x
     # already in ``dtype``), and the compiler plans its buffers on the fake's strides; the
-    # copy rounds as ``to`` does, so the pieces are ``_cut``'s
-    pieces, rest = [], x.detach()
-    for index in range(count):
-        pieces.append(torch.empty_like(x, dtype=dtype).copy_(rest))
-        if index + 1 < count:
-            rest = rest - pieces[-1]
-    return pieces
+    # copy rounds as ``to`` does, so the pieces are the eager casts'
+    return _cut(x.detach(), count, lambda t: torch.empty_like(x, dtype=dtype).copy_(t))
 
 
 @_rounded_pieces_op.register_fake
