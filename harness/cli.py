@@ -228,6 +228,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile-step", default=None, metavar="METHODS", help="only: each method's training step in torch.profiler"
     )
     bench.add_argument(
+        "--targets",
+        type=Path,
+        nargs="*",
+        default=None,
+        metavar="RUN",
+        help="only: issue 16's GPU targets judged from GPU runs' folders (default: ./benchmarks/gpu-*), each"
+        " on the newest run that measured it",
+    )
+    bench.add_argument(
         "--flex-probe",
         type=int,
         default=None,
@@ -553,6 +562,8 @@ def _bench(args: argparse.Namespace) -> int:
     from pe_bench.harness.reports.bench import TABLE4_METHODS, TIMM_ROW, BenchSpec, forward_table, header
     from pe_bench.harness.reports.sweep import SWEEP_METHODS, sweep_markdown, sweep_table
 
+    if args.targets is not None:  # reads finished runs: no device, nothing measured
+        return _targets(args.targets)
     _check_device(args.device)
     if args.task:
         from pe_bench.tasks import get_task
@@ -681,6 +692,22 @@ def _profile_steps(args: argparse.Namespace) -> int:
         title = f"## {method}: {form} training step at batch {batch} ({args.model}, {args.device})"
         title += ", operators by self time"
         print(title, profile_step(method, spec, batch), sep="\n", flush=True)
+    return 0
+
+
+def _targets(folders: list[Path]) -> int:
+    from pe_bench.harness.reports.targets import default_folders, load_runs, targets_markdown
+
+    folders = folders or default_folders()
+    if not folders:
+        raise ValueError(
+            "bench --targets: no GPU run folders given and none under ./benchmarks/gpu-*; name the folders"
+            " (each with run.json and the rows a GPU run printed: throughput_rows.jsonl or eager.txt)"
+        )
+    runs = load_runs(folders)
+    runs_counted = f"{len(runs)} run" + ("" if len(runs) == 1 else "s")
+    print(f"## Issue 16's targets on the newest GPU run of each encoding ({runs_counted})")
+    print(targets_markdown(runs))
     return 0
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pe_bench.harness.grid.methods import parse_method
 from pe_bench.harness.reports.bench import MODELS
+from pe_bench.harness.reports.targets import load_run
 from pe_bench.harness.reports.throughput import flop_bound
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,29 +22,14 @@ RUNS = {
     "gpu-h100-2026-11-28": "one NVIDIA H100 80GB HBM3, torch 2.11.0+cu130 (third measurement, 2026-11-28)",
 }
 README_NAMES = {"pape": "pape (m = 50)", "timm": "timm `vit_base_patch16_224`"}
-#: rows measured with a form of the encoding the code has since replaced, with the FLOP-model
-#: bound of the measured form: Circulant-STRING ran with complex FFTs on the H200 (stop 39) and
-#: runs as a Fourier-basis matrix product since stop 41 (README, below the GPU table)
-MEASURED_FORM_BOUNDS = {("gpu-h200-2026-11-26", "string-circulant"): 1.004}
-#: rows measured before a default changed, as the method spec of what ran then: the STRINGs
-#: applied their basis change per token on CUDA until stop 50 (since then ``auto`` folds it)
-MEASURED_AS = {
-    ("gpu-h200-2026-11-26", "string-cayley"): "string-cayley[basis=per_token]",
-    ("gpu-h200-2026-11-27", "string-cayley"): "string-cayley[basis=per_token]",
-    ("gpu-h200-2026-11-27", "string-circulant"): "string-circulant[basis=per_token]",
-}
-#: runs before stop 55, when PaPE's efficient form ran in projected space on CUDA too (since
-#: then ``space: auto`` takes position space there)
-PAPE_PROJECTED_RUNS = {"gpu-h200-2026-11-26", "gpu-h200-2026-11-27", "gpu-h100-2026-11-28"}
 
 
-def _measured_as(run: str, method: str) -> str:
-    """The method spec of what ``run`` measured as ``method`` (``MEASURED_AS``,
-    ``PAPE_PROJECTED_RUNS``)."""
-    spec = MEASURED_AS.get((run, method), method)
-    if run in PAPE_PROJECTED_RUNS and spec.startswith("pape") and not spec.startswith("pape-ri"):
-        return parse_method(spec).with_options(space="projected").label
-    return spec
+def _gpu_run(run: str):
+    """The run's ``run.json`` (harness/reports/targets.py): the form each row measured where a
+    default changed since (``measured_as``: the STRINGs' per-token basis until stop 50, PaPE's
+    projected space until stop 55), and the bound of a form the code has since replaced
+    (``bounds``: Circulant-STRING's complex FFTs on the first H200 run)."""
+    return load_run(ROOT / "benchmarks" / run)
 
 
 def _section(run: str) -> str:
@@ -91,8 +76,9 @@ def test_readme_gpu_table_is_the_shipped_rows(run, row):
     assert cells[7] == f"{infer_ratio:.2f}"
     assert cells[8] == f"{row['train_peak_mib'] / 1024:.1f}"
     if row["method"] != "timm":
-        measured = _measured_as(run, row["method"])
-        bound = MEASURED_FORM_BOUNDS.get((run, row["method"])) or flop_bound(measured, MODELS["vit-b"][0], 224)
+        gpu_run = _gpu_run(run)
+        measured = gpu_run.measured_as(row["method"])
+        bound = gpu_run.bounds.get(row["method"]) or flop_bound(measured, MODELS["vit-b"][0], 224)
         assert cells[4] == f"{bound:.3f}"
         assert cells[5] == f"{train_ratio / bound:.2f}"
 
