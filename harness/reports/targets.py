@@ -229,7 +229,10 @@ def _judge(target: Target, run: GpuRun, row: dict) -> tuple[str, str]:
         return figure, "met" if row["peak_mib"] < one_head_scores_mib else "not met"
     ratio = run.train_ratio(row)
     if ratio is None:
-        return row.get("kernel", "no training figure")[:60], "failed"
+        kernel = str(row.get("kernel", ""))
+        if kernel.startswith(("error", "OOM")):  # how a failed measurement's row reads (throughput._failure)
+            return kernel[:60], "failed"
+        return "no batch-128 training figure", "not measured"
     if target.measure == "timm":
         return f"nopos {ratio:.3f}× timm's speed", "met" if ratio >= target.limit else "not met"
     if target.measure == "ratio":

@@ -133,11 +133,14 @@ def test_the_first_runs_ratio_of_medians_and_a_failed_row(tmp_path):
         {"method": "nopos", "kernel": "CUDNN_ATTENTION", "train_img_s_b128": 2000.0},
         {"method": "rope", "kernel": "CUDNN_ATTENTION", "train_img_s_b128": 1600.0},
         {"method": "sape2", "kernel": "error: out of luck"},
+        {"method": "cape", "kernel": "CUDNN_ATTENTION", "train_img_s_b64": 900.0},  # another batch: no figure here
     ]
     table = targets_table(load_runs([_run(tmp_path / "run", "2026-12-01T00:00:00+00:00", rows)]))
     assert _judged(table, "≤ 1.10× nopos", "rope")["measured"] == "1.250× nopos"
     sape2 = _judged(table, "≤ 1.15× FLOP bound", "sape2")
     assert (sape2["measured"], sape2["status"]) == ("error: out of luck", "failed")
+    cape = _judged(table, "≤ 1.15× FLOP bound", "cape")
+    assert (cape["measured"], cape["status"]) == ("no batch-128 training figure", "not measured")
 
 
 def test_long_sequence_memory_below_one_heads_scores_is_linear(tmp_path):
