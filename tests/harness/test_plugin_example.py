@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,12 +19,16 @@ EXAMPLE = ROOT / "examples" / "plugin"
 
 def pip_install_into(target: Path, project: Path) -> None:
     """A real ``pip install`` of a plug-in project into ``target`` (its dist-info carries the
-    entry points, exactly as in a user's environment)."""
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target),
-         str(project)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
+    entry points, exactly as in a user's environment). pip builds in the project's folder
+    (build/, *.egg-info), so it builds a copy: two test workers (pytest-xdist) installing
+    the same example at once would otherwise share those folders."""
+    with tempfile.TemporaryDirectory(prefix="plugin-build-") as scratch:
+        copy = shutil.copytree(project, Path(scratch) / project.name)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
+             str(target), str(copy)],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
 
 
 def pe_bench(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
