@@ -1,10 +1,10 @@
 """Issue 16's GPU targets judged from the rows GPU runs printed (``pe-bench bench --targets``).
 
 A GPU run is a folder (``benchmarks/gpu-*``, or the ``$OUT`` of a ``.ci/gpu`` call) holding
-what ``bench`` printed: ``throughput_rows.jsonl`` (else the ``row:`` lines of ``eager.txt`` and
-``throughput.txt``, the eager tables with the default kernels; ``eager-unfused.txt`` and
+what ``bench`` printed: ``throughput_rows.jsonl`` (else the ``row:`` lines of ``ROW_FILES``, the
+eager tables with the default kernels; ``eager-unfused.txt``, ``kernels-*.txt`` and
 ``compiled.txt`` time other forms and are not read), ``sweep_rows.jsonl`` (else the ``sweep:``
-lines of ``sweep*.txt`` and ``session.txt``), and ``run.json`` naming the GPU, the torch release
+lines of ``sweep*.txt``), and ``run.json`` naming the GPU, the torch release
 and the code measured. Each target is judged on the newest run that measured its encoding, and
 the table says which run that was, in which form the encoding ran (``measured_as``: a run
 before a default changed timed another form than today's), and which changes to the
@@ -31,6 +31,9 @@ from pe_bench.adapters.registry import available
 Measure = Literal["timm", "ratio", "bound", "long-sequence"]
 #: the token count of issue 16's long-sequence target: one attention layer without error
 LONG_SEQUENCE_TOKENS = 65_536
+#: the files of a ``.ci/gpu`` call whose ``row:`` lines are eager rows with the default kernels
+#: (``session``: eager.txt; ``profile``: eager-rest.txt; ``throughput``: throughput.txt)
+ROW_FILES = ("eager.txt", "eager-rest.txt", "throughput.txt")
 
 
 @dataclass(frozen=True)
@@ -190,11 +193,11 @@ def load_run(folder: Path) -> GpuRun:
     if missing:
         raise ValueError(f"{meta_path}: missing {', '.join(missing)}")
     rows_file, sweep_file = folder / "throughput_rows.jsonl", folder / "sweep_rows.jsonl"
-    rows = _jsonl(rows_file) if rows_file.is_file() else _printed(folder, "row: ", ("eager.txt", "throughput.txt"))
-    sweep = _jsonl(sweep_file) if sweep_file.is_file() else _printed(folder, "sweep: ", ("sweep*.txt", "session.txt"))
+    rows = _jsonl(rows_file) if rows_file.is_file() else _printed(folder, "row: ", ROW_FILES)
+    sweep = _jsonl(sweep_file) if sweep_file.is_file() else _printed(folder, "sweep: ", ("sweep*.txt",))
     if not rows and not sweep:
         raise ValueError(
-            f"{folder}: no measured rows (throughput_rows.jsonl, or `row:` lines in eager.txt or throughput.txt;"
+            f"{folder}: no measured rows (throughput_rows.jsonl, or `row:` lines in {', '.join(ROW_FILES)};"
             " sweep_rows.jsonl, or `sweep:` lines in sweep*.txt)"
         )
     run = GpuRun(folder, meta["gpu"], meta["torch"], meta["date"], meta["code"], meta["code_committed"], rows, sweep)

@@ -170,7 +170,7 @@ def test_changes_after_a_runs_code_are_listed_and_earlier_ones_not():
 
 
 def test_a_gpu_calls_output_folder_is_read_from_its_printed_lines(tmp_path):
-    """A ``.ci/gpu`` call's ``$OUT``: rows in ``eager.txt`` (default kernels), none from
+    """A ``.ci/gpu`` call's ``$OUT``: rows in ``eager.txt`` and ``eager-rest.txt`` (default kernels), none from
     ``eager-unfused.txt`` (forced eager kernels), sweep points in ``sweep.txt``; ``run.json``
     as ``run_json`` writes it, so that no listed change counts as newer than the call."""
     out = tmp_path / "out"
@@ -180,12 +180,14 @@ def test_a_gpu_calls_output_folder_is_read_from_its_printed_lines(tmp_path):
         "W1201 noise\n" + "".join(f"row: {json.dumps(row)}\n" for row in (_row("nopos", 1.0), _row("rope", 1.08)))
     )
     (out / "eager-unfused.txt").write_text(f"row: {json.dumps(_row('rope-mixed', 1.5))}\n")
+    (out / "eager-rest.txt").write_text(f"row: {json.dumps(_row('wepe', 1.01))}\n")  # `.ci/gpu profile`'s rows
     point = {"tokens": targets.LONG_SEQUENCE_TOKENS, "method": "cope", "peak_mib": 900.0, "ms": 5.0, "status": "ok"}
     (out / "sweep.txt").write_text(f"sweep: {json.dumps(point)}\n")
     table = targets_table(load_runs([out]))
     rope = _judged(table, "≤ 1.10× nopos", "rope")
     assert (rope["status"], rope["since the run"]) == ("met", "")
     assert _judged(table, "≤ 1.10× nopos", "rope-mixed")["status"] == "not measured"
+    assert _judged(table, "≤ 1.15× FLOP bound", "wepe")["status"] == "met"
     assert _judged(table, "65,536 tokens, linear memory", "cope")["status"] == "met"
 
 
