@@ -9,6 +9,7 @@ under its lock (store.CellLock), so several processes on one results folder shar
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import signal
 import sys
@@ -197,9 +198,12 @@ def _cell_result(task: Task, model: Any, module: Any, data: Any, tested: list[di
         extra |= dict(extra_results()) if callable(extra_results) else {}
     for key, value in fitted.get("data_extra", {}).items():  # counts of a fit in other processes add up
         extra[key] = extra.get(key, 0) + value if isinstance(value, int | float) else value
+    test = float(tested[0][f"test/{task.metric}"])
+    if not math.isfinite(test):  # e.g. a 16-bit evaluation that overflowed: no score to rank
+        raise DivergedError(f"non-finite test/{task.metric} ({test}) of the best-validation checkpoint")
     return {
         "extra_results": extra,
-        "test": float(tested[0][f"test/{task.metric}"]),
+        "test": test,
         "best_val": fitted["best_val"],
         "best_epoch": fitted["best_epoch"],
         "train_seconds": fitted["train_seconds"],

@@ -34,6 +34,7 @@ What a table guarantees:
 from __future__ import annotations
 
 import difflib
+import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -46,7 +47,7 @@ import yaml
 
 from pe_bench.harness.grid import store
 
-from ..config_diff import ABSENT, canonical, result_keys
+from ..config_diff import ABSENT, EFFECTIVE, canonical, one_sided_is_no_change, result_keys
 from ..config_diff import config_differences as diff_configs
 from . import latex
 from .stats import paired_p_value, t_interval
@@ -191,9 +192,22 @@ def result_config(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in PER_METHOD_KEYS}
 
 
-def _fingerprint(tree: dict[str, Any]) -> frozenset[tuple[str, str]]:
-    """The result-relevant keys and values: cells that differ only in a tracker group together."""
-    return frozenset((key, canonical(value)) for key, value in result_keys(tree).items())
+def _fingerprint(task: str, tree: dict[str, Any]) -> frozenset[tuple[str, str]]:
+    """The configuration as harness/config_diff.py compares it, as a set: the result-relevant
+    keys outside ``effective`` (checked on its own, ``_effective_outliers``), without the typed
+    fields at their defaults and the retired keys at their no-change values. Two cells have the
+    same fingerprint exactly when config_diff finds no difference between them, so counting
+    fingerprints counts configurations (counting raw key sets split one configuration in two
+    where one file lacked a field the other held at its default)."""
+    return frozenset(
+        (key, canonical(value))
+        for key, value in result_keys(_without_effective(tree)).items()
+        if not one_sided_is_no_change(task, key, value)
+    )
+
+
+def _without_effective(tree: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in tree.items() if k != EFFECTIVE}
 
 
 def _show(value: Any) -> str:
@@ -228,18 +242,50 @@ def check_configs(results: StoredResults) -> ConfigCheck:
         key = _key(record)
         if key in results.configs:
             by_task[record.task].append((key, result_config(results.configs[key])))
-    outliers, ties = {}, []
+    outliers: dict[CellKey, list[str]] = defaultdict(list)
+    ties = []
     for task, cells in by_task.items():
-        counts = Counter(_fingerprint(flat) for _, flat in cells)
+        counts = Counter(_fingerprint(task, tree) for _, tree in cells)
         common = counts.most_common()  # equal counts keep the order first found
-        if len(common) > 1 and common[0][1] == common[1][1]:
+        tied = len(common) > 1 and common[0][1] == common[1][1]
+        members = [(key, tree) for key, tree in cells if _fingerprint(task, tree) == common[0][0]]
+        reference = _without_effective(members[0][1])
+        for key, tree in cells:
+            outliers[key] += config_differences(task, _without_effective(tree), reference)
+        effective, effective_tied = _effective_outliers(cells, members)
+        for key, differences in effective.items():
+            outliers[key] += differences
+        if tied or effective_tied:
             ties.append(task)
-        reference = next(flat for _, flat in cells if _fingerprint(flat) == common[0][0])
-        for key, flat in cells:
-            differences = config_differences(task, flat, reference)
-            if differences:
-                outliers[key] = ", ".join(differences)
-    return ConfigCheck(outliers, ties)
+    return ConfigCheck({key: ", ".join(d) for key, d in outliers.items() if d}, ties)
+
+
+def _effective_outliers(
+    cells: list[tuple[CellKey, dict[str, Any]]], members: list[tuple[CellKey, dict[str, Any]]]
+) -> tuple[dict[CellKey, list[str]], bool]:
+    """How the trainer's settings took effect (``effective``: precision, compile, world size,
+    the data's versions), compared among the cells that record it: per key, the value most of
+    the task's configuration's ``members`` hold is the task's, and any cell holding another is
+    an outlier. A cell stored before a key existed does not say, so it is not compared on it;
+    comparing each cell with one reference cell instead missed every mix (fp32 CPU seeds beside
+    bf16 compiled GPU seeds) whenever the reference was such an older cell. Also whether a
+    key's most common value was tied."""
+    values: dict[str, Counter] = defaultdict(Counter)
+    for _, tree in members:
+        for key, value in result_keys({EFFECTIVE: tree.get(EFFECTIVE) or {}}).items():
+            values[key][canonical(value)] += 1
+    tied = False
+    majority = {}
+    for key, counter in values.items():
+        ranked_values = counter.most_common()
+        tied |= len(ranked_values) > 1 and ranked_values[0][1] == ranked_values[1][1]
+        majority[key] = ranked_values[0][0]
+    outliers: dict[CellKey, list[str]] = defaultdict(list)
+    for cell, tree in cells:
+        for key, value in result_keys({EFFECTIVE: tree.get(EFFECTIVE) or {}}).items():
+            if key in majority and canonical(value) != majority[key]:
+                outliers[cell].append(f"{key}={_show(value)} (others: {_show(json.loads(majority[key]))})")
+    return outliers, tied
 
 
 # --- one row per (task, method) ------------------------------------------------------------
@@ -294,10 +340,13 @@ def _summary_row(
 ) -> dict[str, Any]:
     """The summary of one (task, method) cell from its records, ``p_vs_best`` still NaN."""
     task, method = records[0].task, records[0].method
-    scores = {r.seed: float(r.score) for r in records if r.status == store.STATUS_OK and r.score is not None}
+    finished = {r.seed: float(r.score) for r in records if r.status == store.STATUS_OK and r.score is not None}
+    # A non-finite test score (a record of an older version, which stored one) is no finished
+    # seed: counted, pandas' mean and std would skip it while the cell read complete.
+    scores = {seed: score for seed, score in finished.items() if math.isfinite(score)}
     values = pd.Series(list(scores.values()), dtype=float)
     failed = sum(r.status == store.STATUS_FAILED for r in records)
-    diverged = sum(r.status == store.STATUS_DIVERGED for r in records)
+    diverged = sum(r.status == store.STATUS_DIVERGED for r in records) + len(finished) - len(scores)
     not_applicable = not scores and any(r.status == store.STATUS_NA for r in records)
     low, high = t_interval(list(scores.values()), level)
     std = values.std() if len(values) else math.nan

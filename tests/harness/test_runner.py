@@ -94,6 +94,21 @@ def test_failed_diverged_and_na_cells_are_recorded_and_the_grid_goes_on(tmp_path
     assert "retrying" not in capsys.readouterr().out
 
 
+def test_a_non_finite_test_score_is_a_divergence_not_a_result():
+    """Training's guard watches the loss only: a test metric that came out NaN (a 16-bit
+    evaluation that overflowed) must not be stored as the cell's score."""
+    from types import SimpleNamespace
+
+    from pe_bench.harness.module import DivergedError
+
+    task = SimpleNamespace(metric="acc")
+    fitted = {"best_val": 0.5, "best_epoch": 1, "train_seconds": 1.0}
+    parts = (torch.nn.Linear(2, 2), object(), object())
+    with pytest.raises(DivergedError, match=r"non-finite test/acc \(nan\)"):
+        pe_runner._cell_result(task, *parts, [{"test/acc": float("nan")}], fitted)
+    assert pe_runner._cell_result(task, *parts, [{"test/acc": 0.25}], fitted)["test"] == 0.25
+
+
 def test_missing_dataset_fails_fast_naming_path_and_layout(tmp_path, capsys):
     code = main(["run", "--tasks", "imagenet", "--methods", "rope", "--profile", "paper",
                  "--data-root", str(tmp_path), "--out", str(tmp_path / "out")])  # fmt: skip

@@ -139,6 +139,19 @@ def test_a_cell_with_missing_seeds_shows_them_and_is_never_ranked_above_complete
     assert (row["n"], row["asked"], row["failed"], row["diverged"], row["status"]) == ("1", "3", "0", "2", "partial")
 
 
+def test_a_stored_nan_score_is_no_finished_seed(tmp_path):
+    """A record that holds a NaN score (older versions stored one) counts as a diverged seed:
+    pandas' mean would skip it while the cell read complete, ranked and bold."""
+    for seed, (pape, rope) in enumerate([(90.0, 80.0), (91.0, 81.0), (math.nan, 79.0)]):
+        stored(tmp_path, "imagenet", "pape", seed, pape)
+        stored(tmp_path, "imagenet", "rope", seed, rope)
+    markdown = write_tables(tmp_path, ci=0.95)
+    assert "| 90.50 ± 6.35 (2/3) " in markdown and "Missing seeds: imagenet/pape 1 diverged." in markdown
+    assert "nan" not in markdown.lower()
+    row = read_csv(tmp_path)[("imagenet", "pape")]
+    assert (row["n"], row["diverged"], row["status"]) == ("2", "1", "partial")
+
+
 def test_seeds_asked_for_are_those_of_any_method_of_the_task(tmp_path):
     for seed in (0, 1, 2):
         stored(tmp_path, "imagenet", "pape", seed, 90.0 + seed)
@@ -209,6 +222,47 @@ def test_cells_made_from_other_data_are_marked(tmp_path):
     assert "| 92.00 † " in markdown and "**97.00**" in markdown
     assert "wmt14-en-de/cape/seed0: effective.data.corpus=tiny-en-de-bbbb (others: tiny-en-de-aaaa)" in markdown
     assert "nopos" not in markdown.split("†", 2)[-1]
+
+
+def test_a_mix_of_auto_settings_is_marked_when_most_cells_predate_their_record(tmp_path):
+    """Most cells stored before ``effective`` existed: the cells that hold it are still compared
+    with each other (until stop 61 each cell was compared with one older cell only, which holds
+    no ``effective`` key, so bf16 compiled GPU seeds beside fp32 CPU seeds went unmarked)."""
+    on_cpu = {"precision": "32-true", "compile": False, "world_size": 1}
+    on_gpu = {"precision": "bf16-mixed", "compile": True, "world_size": 1}
+    for method, score in (("nopos", 10.0), ("sincos", 60.0), ("cape", 50.0), ("alibi", 40.0)):
+        stored(tmp_path, "imagenet", method, 0, score)  # no effective section
+    for method, score in (("pape", 80.0), ("rope", 75.0)):
+        stored(tmp_path, "imagenet", method, 0, score, cfg=config("imagenet", method) | {"effective": on_cpu})
+    stored(tmp_path, "imagenet", "lookhere", 0, 99.0, cfg=config("imagenet", "lookhere") | {"effective": on_gpu})
+    markdown = write_tables(tmp_path)
+    assert "| 99.00 † " in markdown and "**80.00**" in markdown
+    assert (
+        "imagenet/lookhere/seed0: effective.compile=true (others: false), "
+        "effective.precision=bf16-mixed (others: 32-true)" in markdown
+    )
+    notes = markdown.split("†", 2)[-1]
+    assert "pape" not in notes and "nopos" not in notes
+
+
+def test_one_configuration_written_by_two_code_versions_is_counted_once(tmp_path):
+    """Cells of one configuration whose files differ only in a typed field at its default (a
+    field added between the two versions of the code) are one configuration: its 4 cells
+    outnumber the 3 trained with another learning rate, which are the ones marked."""
+    older = config("imagenet", "x")
+    del older["optim"]["betas"]
+    for method, score in (("pape", 80.0), ("rope", 75.0)):
+        stored(tmp_path, "imagenet", method, 0, score, cfg=older | {"method": method})
+    for method, score in (("sincos", 70.0), ("cape", 65.0)):
+        stored(tmp_path, "imagenet", method, 0, score)
+    for method, score in (("alibi", 90.0), ("lookhere", 91.0), ("nopos", 92.0)):
+        stored(tmp_path, "imagenet", method, 0, score, optim={"lr": 0.004})
+    markdown = write_tables(tmp_path)
+    assert "**80.00**" in markdown and "| 92.00 † " in markdown
+    assert "imagenet/alibi/seed0: optim.lr=0.004 (others: 0.002)" in markdown
+    assert "no configuration is shared by most cells" not in markdown
+    note = next(line for line in markdown.splitlines() if "another configuration than the rest" in line)
+    assert "pape" not in note and "sincos" not in note
 
 
 def test_config_differences_follow_the_runner_rules():
