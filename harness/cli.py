@@ -436,7 +436,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     out = folders[0]
     print(tables.write_tables(out, args.ci, args.significance, args.alpha, args.spread_limit))
     written = ["table.md", "table.tex", "table.csv"]
-    for text in tables.write_extra_tables(out, load_records(out)):
+    for text in tables.write_extra_tables(out):
         print(f"\n{text}")
     if args.paper:
         from pe_bench.harness.reports.papers import comparison_stem, write_comparison
@@ -461,7 +461,7 @@ def _print_merged_tables(folders: list[Path], args: argparse.Namespace) -> int:
         print(f"error: {err.args[0]}", file=sys.stderr)
         return 2
     print(tables.render(results, "markdown", args.ci, args.significance, args.alpha, args.spread_limit))
-    for frame in tables.extra_tables(results.records).values():
+    for frame in tables.extra_tables(results).values():
         print(f"\n{tables.render_extra_table(frame)}")
     if args.paper:
         from pe_bench.harness.reports.papers import compare_markdown

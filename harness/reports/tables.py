@@ -725,12 +725,20 @@ def render_extra_table(frame: pd.DataFrame) -> str:
     return f"{title}\n\n{table}" if title else table
 
 
-def extra_tables(records: list[store.CellRecord]) -> dict[str, pd.DataFrame]:
-    """Every task's own tables (``Task.extra_tables``) by name; a table that several tasks
-    share appears once."""
+def extra_tables(results: StoredResults | Iterable[store.CellRecord]) -> dict[str, pd.DataFrame]:
+    """Every task's own tables (``Task.extra_tables``) by name, from the cells the matrix
+    ranks its means from: finished, with a finite score, of their task's configuration (no
+    ``†`` cell; a cell left out as incomplete is not in ``results``). A table that several
+    tasks share appears once."""
     from pe_bench.tasks import get_task, implemented
 
-    finished = [r for r in records if r.status == store.STATUS_OK]
+    results = as_results(results)
+    outliers = check_configs(results).outliers
+    finished = [
+        r
+        for r in results.records
+        if r.status == store.STATUS_OK and r.score is not None and math.isfinite(r.score) and _key(r) not in outliers
+    ]
     tables: dict[str, pd.DataFrame] = {}
     for name in sorted({r.task for r in finished} & set(implemented())):
         for table_name, frame in get_task(name).extra_tables(finished).items():
@@ -738,10 +746,11 @@ def extra_tables(records: list[store.CellRecord]) -> dict[str, pd.DataFrame]:
     return tables
 
 
-def write_extra_tables(out: Path, records: list[store.CellRecord]) -> list[str]:
-    """``extra_tables`` as ``<out>/<name>.md`` and ``.csv``; returns their Markdown."""
+def write_extra_tables(out: Path, results: StoredResults | Iterable[store.CellRecord] | None = None) -> list[str]:
+    """``extra_tables`` of ``results`` (default: those stored under ``out``, as the matrix reads
+    them) as ``<out>/<name>.md`` and ``.csv``; returns their Markdown."""
     written = []
-    for table_name, frame in extra_tables(records).items():
+    for table_name, frame in extra_tables(load_results(out) if results is None else results).items():
         written.append(render_extra_table(frame))
         (Path(out) / f"{table_name}.md").write_text(written[-1] + "\n")
         frame.to_csv(Path(out) / f"{table_name}.csv", index=False)

@@ -16,8 +16,8 @@ from pe_bench.harness.reports import papers, tables
 def _no_task_imports(monkeypatch):
     """The tiny footnote imports every task module (torch, lightning); tested in test_tables."""
     monkeypatch.setattr(tables, "_tiny_footnote", lambda tasks: "tiny profile: small stand-ins.")
-    monkeypatch.setattr(tables, "write_extra_tables", lambda out, records: [])
-    monkeypatch.setattr(tables, "extra_tables", lambda records: {})
+    monkeypatch.setattr(tables, "write_extra_tables", lambda out, results=None: [])
+    monkeypatch.setattr(tables, "extra_tables", lambda results: {})
 
 
 def _cell(out, task, method, seed, score, status="ok", depth=4):

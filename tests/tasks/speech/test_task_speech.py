@@ -255,3 +255,28 @@ def test_the_bins_table_is_written_by_the_application_from_the_task_frame(tmp_pa
     assert "| wsj    | rope     | test       | 2       | 25.0      | 50.0      |" in markdown
     assert (tmp_path / "bins.md").read_text().strip() == markdown
     assert "WER all_mean" in (tmp_path / "bins.csv").read_text()
+
+
+def test_the_bins_table_holds_the_cells_the_matrix_ranks(tmp_path):
+    """A finished cell the matrix leaves out (no config.yaml) or marks † (another
+    configuration) is not averaged into the task's bins either (until stop 61 the bins came
+    from every stored record: one folder gave other bins with and without ``--tasks``)."""
+    import yaml
+
+    from pe_bench.harness.reports.tables import write_extra_tables
+
+    for seed, wer, optim in ((0, 0.2, 2), (1, 0.4, 2), (2, 0.9, 2), (3, 0.9, 5)):
+        bins = {"labels": ["<1s", "all"], "wer": {"test": {"<1s": wer, "all": wer}}}
+        cell = store.cell_dir(tmp_path, "wsj", "rope", seed)
+        store.write_record(cell, store.CellRecord("wsj", "rope", seed, "tiny", "ok", score=100 * wer,
+                                                  extra={"duration_bins": bins}))  # fmt: skip
+        if seed != 2:  # seed 2: no config.yaml, left out of the matrix
+            config = {"task": "wsj", "method": "rope", "optim": {"epochs": optim}}
+            (cell / "config.yaml").write_text(yaml.safe_dump(config))
+    for seed in (4, 5):  # the task's configuration is the one most cells share
+        cell = store.cell_dir(tmp_path, "wsj", "cape", seed)
+        store.write_record(cell, store.CellRecord("wsj", "cape", seed, "tiny", "ok", score=50.0))
+        (cell / "config.yaml").write_text(yaml.safe_dump({"task": "wsj", "method": "cape", "optim": {"epochs": 2}}))
+    [markdown] = write_extra_tables(tmp_path)
+    assert "| wsj    | rope     | test       | 2       | 30.0 ± 14.1" in markdown
+
