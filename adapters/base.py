@@ -527,8 +527,12 @@ def key_centred_layouts(inputs: AttentionInputs, dtype: torch.dtype) -> tuple[Po
 
 
 def sinusoid_features(coords: Tensor, frequencies: Tensor) -> Tensor:
-    """cos/sin of coords projected on frequency vectors: (..., P), (F, P) -> (..., 2F)."""
-    phase = coords @ frequencies.T
+    """cos/sin of coords projected on frequency vectors: (..., P), (F, P) -> (..., 2F), in
+    float32 or wider under autocast too: autocast runs a matmul in 16 bits, and phases of
+    hundreds of radians (CAPE on speech: seconds x 30) would keep no digit of their fraction."""
+    dtype = torch.promote_types(torch.promote_types(coords.dtype, frequencies.dtype), torch.float32)
+    with torch.autocast(coords.device.type, enabled=False):
+        phase = coords.to(dtype) @ frequencies.to(dtype).T
     return torch.cat([torch.cos(phase), torch.sin(phase)], dim=-1)
 
 

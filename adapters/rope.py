@@ -180,7 +180,10 @@ def rotation_angles(layout: PositionLayout, frequencies: Tensor) -> Tensor:
     coords = layout.coords.to(frequencies.dtype) * layout.has_pos.unsqueeze(-1)
     if frequencies.ndim == 2:
         return (coords.unsqueeze(-1) * frequencies).flatten(-2).unsqueeze(1)
-    return torch.einsum("bnp,hpf->bhnpf", coords, frequencies).flatten(-2)
+    # A broadcast product, not einsum: CUDA's autocast runs einsum in bf16, which rounded
+    # RoPE-Mixed's and STRING's angles (tens of radians on a 64 x 64 grid) to 0.06-0.25 rad;
+    # rope-vit computes them with autocast off. Without a contraction the float32 bits are einsum's.
+    return (coords[:, None, :, :, None] * frequencies[None, :, None]).flatten(-2)
 
 
 class RotaryLayer(LayerEncoding):

@@ -41,5 +41,10 @@ class NDSinCos(PositionEncoding):
         return torch.cat([phase.cos(), phase.sin()], dim=-1).flatten(-2)
 
     def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
-        emb = self.features(layout.coords.to(x.dtype)) * layout.has_pos.unsqueeze(-1).to(x.dtype)
-        return torch.cat([x[..., : emb.shape[-1]] + emb, x[..., emb.shape[-1] :]], dim=-1)
+        # The phases from the positions as given, in float32 or wider, and only the embedding
+        # cast to the activations' dtype: rounding positions to bf16 first merged 256 and 257
+        # (speech frames, translation tokens) and kept 8 bits of a metre or a second; adding a
+        # float32 embedding to bf16 activations also made this encoding's residual stream float32.
+        dtype = torch.promote_types(torch.promote_types(layout.coords.dtype, x.dtype), torch.float32)
+        emb = self.features(layout.coords.to(dtype)) * layout.has_pos.unsqueeze(-1).to(dtype)
+        return torch.cat([x[..., : emb.shape[-1]] + emb.to(x.dtype), x[..., emb.shape[-1] :]], dim=-1)

@@ -207,11 +207,11 @@ def attention_mask(
     if bias is None:
         if not causal:
             return key_valid, False
-        if key_valid is None:
-            return None, True
-        n_k = key_valid.shape[-1]
-        allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=key_valid.device).tril(n_k - n_q)
-        return key_valid & allowed, False
+        n_k = key.coords.shape[-2]
+        if key_valid is None and n_q == n_k:
+            return None, True  # SDPA's is_causal aligns top-left: the same mask only when square
+        allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=key.coords.device).tril(n_k - n_q)
+        return allowed if key_valid is None else key_valid & allowed, False
     bias = bias.to(dtype)
     if causal:
         n_k = bias.shape[-1]

@@ -51,6 +51,23 @@ def test_causal_and_padding_masks_combine():
     assert torch.equal(allowed, expected)
 
 
+def test_causal_cross_attention_aligns_bottom_right_with_or_without_a_padding_mask():
+    """Nq != Nk: query i sees keys j <= i + Nk - Nq on every path. SDPA's is_causal aligns
+    top-left, so it is used for square attention only (until stop 61 also here, where the
+    output then depended on whether an all-True padding mask was passed)."""
+    torch.manual_seed(0)
+    layer = Attention(16, 2, cross=True).double().eval()
+    query, key = PositionLayout.grid(1, (3,)), PositionLayout.grid(1, (5,))
+    x, context = torch.randn(1, 3, 16, dtype=torch.float64), torch.randn(1, 5, 16, dtype=torch.float64)
+    padded = PositionLayout(coords=key.coords, has_pos=key.has_pos, valid=torch.ones(1, 5, dtype=torch.bool))
+    with torch.no_grad():
+        plain = layer(x, query, context=context, key=key, causal=True)
+        masked = layer(x, query, context=context, key=padded, causal=True)
+        logits = layer.logits(x, query, context=context, key=key, causal=True)
+    assert torch.isfinite(logits[0, 0]).sum(-1).tolist() == [3, 4, 5]
+    torch.testing.assert_close(plain, masked, rtol=0, atol=1e-12)
+
+
 def test_cross_attention_with_different_lengths():
     layer = Attention(16, 2, cross=True, context_dim=8)
     query = PositionLayout.grid(2, (3,))
