@@ -94,6 +94,10 @@ def spiral_directions(count: int, pos_dim: int) -> Tensor:
 class CAPE(PositionEncoding):
     principles = frozenset({Principle.FUSED_KERNEL})
     Options = CAPEOptions
+    # On a grid it maps every resolution to [-1, 1] itself (Eq. 3-4), which is its
+    # interpolation; positions scaled by train/test on top shrank that range twice. (Raw
+    # coordinates could be scaled, but extrapolation runs images, which use the unit grid.)
+    supports_position_interpolation = False
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

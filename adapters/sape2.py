@@ -317,6 +317,10 @@ class SaPE2(OptionalAbsPosEncoding):
     requires_grid = True
     pos_dims = frozenset({2})
     Options = SaPE2Options
+    # Positions enter as rounded cell indices (Eq. 9-10's lines and cells): scaled by 0.5 they
+    # round unevenly onto fewer rows and columns (144 patches of 12 x 12 onto 49 cells), a
+    # merge, not an interpolation, so extrapolation shows n/a.
+    supports_position_interpolation = False
 
     @property
     def npos_max(self) -> int:

@@ -160,6 +160,9 @@ class WeierstrassPE(PositionEncoding):
     requires_grid = True
     pos_dims = frozenset({2})
     Options = WePEOptions
+    # Eq. 1 divides patch centres by the current grid: every grid already spans (0, 1), and
+    # positions scaled by train/test on top covered (0, train/test) of it (extrapolation: n/a).
+    supports_position_interpolation = False
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -113,3 +113,14 @@ def test_no_checkpoint_is_loaded_with_weights_only_false():
     sources = [p for folder in folders for p in (REPO_ROOT / folder).rglob("*.py") if p != Path(__file__)]
     unsafe = [str(p) for p in sources if re.search(r"weights_only\s*=\s*False", p.read_text())]
     assert sources and unsafe == []
+
+
+@pytest.mark.parametrize("name", ["cape", "wepe", "sape2", "cope", "abspos"])
+def test_encodings_that_map_or_index_the_grid_themselves_have_no_interpolated_column(name):
+    """CAPE maps each grid to [-1, 1] and WePE divides by the current grid (their own
+    interpolation), SaPE² rounds positions to cell indices and CoPE reads their order, abspos
+    resizes its table: positions scaled by train/test on top measured a double scaling (until
+    stop 61 the README's table showed wepe 67.2 -> 18.5 at 96² for it), so Table 6 shows n/a."""
+    from pe_bench.adapters import get
+
+    assert not get(name).supports_position_interpolation
