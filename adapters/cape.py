@@ -126,6 +126,14 @@ class CAPE(PositionEncoding):
             return self.options.max_local_shift
         if layout.grid_shape is None:
             return 0.0
+        if self.options.coordinates == "raw":
+            # 1/N is the paper's εmax on [-1, 1] coordinates, about half a grid step there; in
+            # raw units it would be a tenth of a step of 1 at N = 10, silently another setting.
+            raise ValueError(
+                "cape: coordinates=raw on a grid needs an explicit max_local_shift in the coordinates' "
+                "units: the paper's default 1/N is for [-1, 1] (about half a grid step), e.g. "
+                "cape[max_local_shift=0.5] for half a step of 1"
+            )
         return [1.0 / n for n in layout.grid_shape]
 
     def prepare(self, layout: PositionLayout) -> PositionLayout:

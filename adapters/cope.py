@@ -14,8 +14,15 @@ Decisions, each from the SaPE² paper:
 
 * The gate scales q . k by 1/sqrt(d): Appendix D computes ``(q * scale) @ k^T``, the ViT
   attention scale; Eq. 7 omits it, but unscaled sigmoids saturate at ViT head widths.
-* The bias r enters inside the 1/sqrt(d) of Eq. 3 (sape2's RPE form), which fixes the
-  scale Appendix D leaves open ("adding the output to the attention computation").
+* The bias r enters inside the 1/sqrt(d), as in SaPE²'s Eq. 3 (its RPE form) and Eq. 16
+  (its own bias), where Appendix D leaves the scale open ("adding the output to the attention
+  computation"). Golovneva et al.'s own listing adds q . e[p] after the 1/sqrt(d) instead.
+  The two are one model up to e <-> e / sqrt(d), but not one training: with the same
+  learning rate and e's 0.02 initialisation, Adam moves the positional term sqrt(d) times
+  more slowly here (4x at the tiny head width 16, 8x at 64). This row keeps SaPE²'s
+  placement, so that it and the sape2 row, whose bias is inside by Eq. 16, differ only in
+  what SaPE² adds; it is therefore CoPE as SaPE² compares against, not a copy of the CoPE
+  paper's language-model code.
 * Order: CoPE counts along a token order. Causal (language) use sums from j up to the
   query, exactly Eq. 8. Non-causal use, SaPE²'s "CoPE applied directly to images"
   (Section 5.2, Table 1), is Appendix D's code without a causal mask: the sum runs from j

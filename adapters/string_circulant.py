@@ -28,7 +28,10 @@ gradient; the paper's c_0 cancels in C - C^T and would never learn).
 Initialisation (the paper gives none): u is chosen so that the rotating Fourier planes carry
 axial RoPE's frequency ladder: plane j turns with axis j // levels at base^(-(j % levels) /
 levels), levels = planes // P (leftover planes start at 0 and may learn). By Theorem 3.4 this
-is exactly axial RoPE in the blockwise Fourier basis, the same start as Cayley-STRING.
+is exactly axial RoPE in the blockwise Fourier basis: the start of Cayley-STRING in kind, with
+fewer levels, since a block of b channels has (b - 1) // 2 rotating planes where Cayley's
+b / 2 pairs all rotate (head width 16: 3 levels per axis against Cayley's 4, one plane idle;
+64: 14 against 16).
 
 CLS: as in _string.py, the identity rotation at the centroid of the valid keys (after F, which no score sees).
 """

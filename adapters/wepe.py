@@ -24,15 +24,18 @@ For a patch in column c of W and row r of H:
 7. P = gamma * Linear(4 -> D)(f), gamma a learnable global scale (init 1), added to the
    patch tokens (Eq. 10).
 
-``mode="lut"``: the compressed field tanh(s f) is tabulated on a ``lut_size`` x ``lut_size``
-grid over [0, 1]^2 and sampled with bilinear ``grid_sample`` (the paper's Section III-B,
-WePE-LUT). During training the table is rebuilt from the current parameters each step, so
-omega_2 and s still receive gradients through it (its cost does not grow with batch or
-grid); without gradients it is cached until a parameter changes. Outside [0, 1]^2 the
-table clamps to its border where direct mode keeps evaluating the periodic field.
-The table's error is largest where tanh(s f) turns steeply, near the pole at the corner:
-measured on 14 x 14 to 24 x 24 grids, lut_size 256 errs by ~1e-4 on average and up to ~0.1
-on a few features (128: up to ~0.5; 512: up to ~0.03); raise lut_size where it matters.
+``mode="lut"``: the raw field f (pole-clipped) is tabulated on a ``lut_size`` x ``lut_size``
+grid over [0, 1]^2, sampled with bilinear ``grid_sample`` and then compressed, tanh(s f): the
+order of the paper's Section III-B and Appendix E (WePE-LUT: the table holds "the computed
+4-dimensional feature vectors", which then pass the tanh compression). During training the
+table is rebuilt from the current parameters each step, so omega_2 still receives gradients
+through it and s through the compression (its cost does not grow with batch or grid);
+without gradients it is cached until omega_2 changes. Outside [0, 1]^2 the table clamps to
+its border where direct mode keeps evaluating the periodic field. Measured against direct
+mode at the default initialisation, on 14 x 14 and 24 x 24 grids: lut_size 128 errs by at
+most 1.5e-3 (mean 2e-5), 256 by 1.1e-3 (mean 7e-6), 512 by 9e-5. Until stop 61 the table
+held tanh(s f) instead, which turns steeply near the pole at the corner: 20-200x the error
+(256: up to 0.11 at 24 x 24).
 
 CLS: the paper gives the classification token "a separate learnable encoding". This is
 the one place the protocol's position-free CLS is satisfied by a dedicated embedding, not
@@ -184,6 +187,14 @@ class WeierstrassPE(PositionEncoding):
 
     def field(self, x: Tensor, y: Tensor) -> Tensor:
         """Compressed features tanh(s f) at normalised coordinates: (...), (...) -> (..., 4)."""
+        return self.compress(self.raw_field(x, y))
+
+    def compress(self, raw: Tensor) -> Tensor:
+        """Section III-F: tanh(s f), s = softplus(.) learnable."""
+        return torch.tanh(F.softplus(self.scale_raw) * raw)
+
+    def raw_field(self, x: Tensor, y: Tensor) -> Tensor:
+        """f = (Re wp, Im wp, Re wp', Im wp') at normalised coordinates, pole-clipped: (..., 4)."""
         opts = self.options
         omega1, omega2 = self.half_periods()
         lattice = lattice_points(omega1, omega2, opts.num_terms)
@@ -191,17 +202,16 @@ class WeierstrassPE(PositionEncoding):
         wp, dwp, near_pole = weierstrass(z, lattice, opts.pole_eps)
         raw = torch.stack([wp.real, wp.imag, dwp.real, dwp.imag], dim=-1)
         # Section II-B: a point near a pole takes a large constant instead of the sum.
-        raw = torch.where(near_pole.unsqueeze(-1), torch.full_like(raw, opts.pole_value), raw)
-        return torch.tanh(F.softplus(self.scale_raw) * raw)
+        return torch.where(near_pole.unsqueeze(-1), torch.full_like(raw, opts.pole_value), raw)
 
     def lut(self) -> Tensor:
-        """(1, 4, S, S) table of the compressed field over [0, 1]^2 (rows: y, columns: x)."""
-        key = (self.omega2_raw._version, self.scale_raw._version, self.omega2_raw.data_ptr(), self.scale_raw.device)
+        """(1, 4, S, S) table of the raw, pole-clipped field over [0, 1]^2 (rows: y, columns: x)."""
+        key = (self.omega2_raw._version, self.omega2_raw.data_ptr(), self.omega2_raw.device)
         if not torch.is_grad_enabled() and self._lut_cache is not None and self._lut_cache[0] == key:
             return self._lut_cache[1]
         nodes = torch.linspace(0.0, 1.0, self.options.lut_size, device=self.omega2_raw.device)
         yy, xx = torch.meshgrid(nodes, nodes, indexing="ij")
-        table = self.field(xx, yy).permute(2, 0, 1).unsqueeze(0)
+        table = self.raw_field(xx, yy).permute(2, 0, 1).unsqueeze(0)
         if not torch.is_grad_enabled():
             self._lut_cache = (key, table)
         return table
@@ -216,7 +226,7 @@ class WeierstrassPE(PositionEncoding):
         sampled = F.grid_sample(
             table, grid.reshape(1, b * n, 1, 2), mode="bilinear", padding_mode="border", align_corners=True
         )
-        return sampled.reshape(4, b, n).permute(1, 2, 0)
+        return self.compress(sampled.reshape(4, b, n).permute(1, 2, 0))
 
     # -- protocol -----------------------------------------------------------------------
     def normalised(self, layout: PositionLayout) -> tuple[Tensor, Tensor]:

@@ -198,6 +198,19 @@ def test_cape_training_augmentation_stays_within_its_bounds():
     assert (out.mean(1).abs() / scale).max() < (0.5 + 0.1) / (1 - 0.2 / 6) + 1e-5  # |Δ + mean ε| <= Δmax + εmax
 
 
+def test_cape_on_a_grid_in_raw_units_asks_for_its_local_shift():
+    """The paper's εmax = 1/N is in [-1, 1] units (about half a grid step); applied to raw
+    coordinates it would be a tenth of a step at N = 10: an error naming the option, not that."""
+    geometry = Geometry(pos_dim=1, grid_shape=(10,))
+    layout = PositionLayout.grid(2, (10,))
+    cape = build("cape", geometry, LAYER_DIM, LAYER_HEADS, 1, {"coordinates": "raw"}).train()
+    with pytest.raises(ValueError, match="max_local_shift"):
+        cape.prepare(layout)
+    explicit = build("cape", geometry, LAYER_DIM, LAYER_HEADS, 1, {"coordinates": "raw", "max_local_shift": 0.5})
+    assert explicit.train().prepare(layout).coords.shape == layout.coords.shape
+    assert build("cape", geometry, LAYER_DIM, LAYER_HEADS, 1).train().prepare(layout).coords.abs().max() < 3
+
+
 def test_cape_two_dim_frequencies_follow_eq_4():
     cape = build("cape", Geometry(pos_dim=2, grid_shape=(3, 3)), 8, 2, 1)
     k = torch.arange(4, dtype=torch.float32)

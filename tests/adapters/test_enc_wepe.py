@@ -80,20 +80,24 @@ def test_lut_equals_direct_on_table_nodes() -> None:
 
 
 def test_lut_within_bilinear_error_bound() -> None:
-    """Off the nodes, bilinear interpolation errs by at most h^2 / 8 (|f_xx| + |f_yy|) over the
-    cell (h the node spacing); the second derivatives are estimated by second differences of
-    the direct field with step h around each point, and doubled for their variation in a cell."""
+    """The table holds the raw field f and the compression follows (Appendix E's order). Off the
+    nodes, bilinear interpolation errs on f by at most h^2 / 8 (|f_xx| + |f_yy|) over the cell (h
+    the node spacing), and tanh(s .) is s-Lipschitz; the second derivatives are estimated by
+    second differences of the raw field with step h around each point, and doubled for their
+    variation in a cell."""
     size = 128
     enc = make(mode="lut", lut_size=size)
     h = 1.0 / (size - 1)
     with torch.no_grad():
-        x, y = enc.normalised(PositionLayout.grid(1, (5, 5)))
-        direct, lut = enc.field(x, y), enc.features(x, y)
-        f_xx = (enc.field(x + h, y) - 2 * direct + enc.field(x - h, y)) / h**2
-        f_yy = (enc.field(x, y + h) - 2 * direct + enc.field(x, y - h)) / h**2
-    bound = h**2 / 8 * (f_xx.abs() + f_yy.abs())
+        x, y = enc.normalised(PositionLayout.grid(1, (24, 24)))
+        direct, lut, raw = enc.field(x, y), enc.features(x, y), enc.raw_field(x, y)
+        f_xx = (enc.raw_field(x + h, y) - 2 * raw + enc.raw_field(x - h, y)) / h**2
+        f_yy = (enc.raw_field(x, y + h) - 2 * raw + enc.raw_field(x, y - h)) / h**2
+        s = torch.nn.functional.softplus(enc.scale_raw)
+    bound = s * h**2 / 8 * (f_xx.abs() + f_yy.abs())
     assert ((lut - direct).abs() <= 2 * bound + 1e-5).all()
-    assert (lut - direct).abs().max() < 0.05
+    # compressing after the interpolation: 1.5e-3 at most here; the table of tanh(s f) erred by 0.1
+    assert (lut - direct).abs().max() < 3e-3
 
 
 def test_cls_gets_its_own_embedding_and_patches_are_resolution_agnostic() -> None:
