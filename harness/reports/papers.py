@@ -232,6 +232,15 @@ def _paper_rows_by_method(frame: pd.DataFrame) -> tuple[dict[str, str], list[str
 COMPARISON_COLUMNS = ["task", "method", "ours", "paper", "diff", "rank_ours", "rank_paper", "n_seeds", "profile"]
 
 
+def _lost_seeds(row) -> str:
+    """How a cell's seeds that hold no score ended: '2 failed, 1 diverged' (or 'not run')."""
+    parts = [f"{int(count)} {word}" for word, count in (("failed", row.failed), ("diverged", row.diverged)) if count]
+    missing = int(row.asked) - int(row.n) - int(row.failed) - int(row.diverged)
+    if missing > 0:
+        parts.append(f"{missing} not run")
+    return ", ".join(parts) or "none lost"
+
+
 def compare(results: tables.StoredResults | Iterable[store.CellRecord], ref: str) -> tuple[pd.DataFrame, list[str]]:
     """Ours next to the paper's for the (method, task) cells both have.
 
@@ -255,10 +264,18 @@ def compare(results: tables.StoredResults | Iterable[store.CellRecord], ref: str
     if len(odd):
         cells = ", ".join(f"{r.task}/{r.method}" for r in odd.itertuples())
         notes.append(f"Left out, trained in another configuration than the rest of their task: {cells}.")
+    unfinished = stats[
+        stats["status"].isin([store.STATUS_FAILED, store.STATUS_DIVERGED])
+        & stats["task"].isin(paper.columns)
+        & stats["method"].isin(rows_by_method)
+    ]
+    if len(unfinished):  # without this note they vanished from the rows and from τ unmentioned
+        cells = ", ".join(f"{r.task}/{r.method} ({_lost_seeds(r)})" for r in unfinished.itertuples())
+        notes.append(f"In the paper's table but without a finished seed here (not compared, not in τ): {cells}.")
     stats = stats[finished & stats["config_ok"].astype(bool)]
     partial = stats[stats["status"] == tables.STATUS_PARTIAL]
     if len(partial):
-        cells = ", ".join(f"{r.task}/{r.method} ({r.n}/{r.asked})" for r in partial.itertuples())
+        cells = ", ".join(f"{r.task}/{r.method} ({r.n}/{r.asked}; {_lost_seeds(r)})" for r in partial.itertuples())
         notes.append(f"Holding fewer seeds than asked for (mean of those held): {cells}.")
     profiles: dict[tuple[str, str], str] = {}
     for r in records:

@@ -41,18 +41,30 @@ def _matrix_figure(results: tables.StoredResults, path: Path) -> bool:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     tasks, methods = list(means.columns), list(means.index)
+    ranked = means.attrs["ranked"].reindex_like(means).fillna(False).astype(bool)
     width = 0.8 / max(len(methods), 1)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(tasks) * max(1, len(methods)) * 0.35 + 2), 4.0))
+    handles = []
     for i, method in enumerate(methods):
         xs = [t + (i - (len(methods) - 1) / 2) * width for t in range(len(tasks))]
-        ax.bar(xs, means.loc[method].fillna(0.0), width, yerr=stds.loc[method].fillna(0.0), label=method, capsize=2)
+        # No bar where there is no mean (failed, diverged, n/a: until stop 61 a bar of height
+        # 0, read as a score of 0), and a hatched one for a mean the table does not rank
+        # (missing seeds, another configuration), as the table marks it.
+        heights, errors = means.loc[method], stds.loc[method].fillna(0.0)
+        bars = ax.bar(xs, heights, width, yerr=errors, capsize=2)
+        handles.append(Patch(facecolor=bars.patches[0].get_facecolor(), label=method))  # unhatched
+        for bar, is_ranked in zip(bars, ranked.loc[method], strict=True):
+            if not is_ranked:
+                bar.set_hatch("//")
+                bar.set_alpha(0.5)
     ax.set_xticks(range(len(tasks)))
     ax.set_xticklabels([f"{t}\n{labels.get(t, '')}" for t in tasks])
     ax.set_ylabel("score (table units)")
-    ax.set_title("Result matrix: mean over seeds")
-    ax.legend(fontsize="small", ncol=min(4, len(methods)))
+    ax.set_title("Result matrix: mean over seeds\n(hatched: not ranked, as marked in the table)", fontsize="medium")
+    ax.legend(handles=handles, fontsize="small", ncol=min(4, len(methods)))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -431,7 +431,9 @@ def _emphasis(
     """method -> "bold" or "under" for one column. Bold: the best (ties at the printed two
     decimals share it) and, given p-values, every eligible cell with p ≥ alpha; underlined:
     the best of the other eligible cells."""
-    shown = means[eligible].round(2)
+    # The printed text's own rounding (format's, of the exact binary value), not pandas'
+    # round, which differs next to a .xx5: two cells printed alike got one bold, one underlined.
+    shown = means[eligible].map(lambda mean: float(f"{mean:.2f}"))
     if len(shown) < 2:
         return {}
     top = shown.max() if higher else shown.min()

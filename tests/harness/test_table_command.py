@@ -43,6 +43,8 @@ def _grid(out):
 
 def test_table_writes_the_paper_comparison_beside_the_tables(tmp_path, capsys):
     _grid(tmp_path)
+    for seed in (0, 1, 2):  # in the paper's table, without a finished seed: named, not dropped unsaid
+        _cell(tmp_path, "imagenet", "alibi", seed, None, status="failed" if seed else "diverged")
     assert main(["table", "--out", str(tmp_path), "--paper", "pape:table1", "--ci", "95"]) == 0
     printed = capsys.readouterr().out
     for name in ("table.md", "table.tex", "table.csv", "paper_comparison_pape_table1.md"):
@@ -51,7 +53,14 @@ def test_table_writes_the_paper_comparison_beside_the_tables(tmp_path, capsys):
     assert markdown.startswith("Ours next to `pape:table1`.") and "rank (paper)" in markdown
     assert "imagenet: 3 methods in both; ranking differs (Kendall τ-b = +0.33, p = 1)" in markdown
     assert "Left out, trained in another configuration than the rest of their task: imagenet/sincos." in markdown
-    assert "Holding fewer seeds than asked for (mean of those held): imagenet/lookhere (1/3)." in markdown
+    assert (
+        "Holding fewer seeds than asked for (mean of those held): imagenet/lookhere (1/3; 1 diverged, 1 not run)."
+        in markdown
+    )
+    assert (
+        "In the paper's table but without a finished seed here (not compared, not in τ): "
+        "imagenet/alibi (2 failed, 1 diverged)." in markdown
+    )
     with (tmp_path / "paper_comparison_pape_table1.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert [r["method"] for r in rows] == ["rope", "lookhere", "pape"]

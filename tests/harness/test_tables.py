@@ -105,6 +105,15 @@ def test_not_applicable_failed_and_diverged_cells_say_which():
     assert means["Average"].isna()["lookhere"]
 
 
+def test_cells_printed_alike_are_emphasised_alike():
+    """90.035 prints 90.03 (its binary value lies below the .xx5), while pandas' round gives
+    90.04: both cells read 90.03 and must both be bold (one was bold, one underlined)."""
+    records = [rec("imagenet", "a", 0, 90.035), rec("imagenet", "b", 0, 90.03), rec("imagenet", "c", 0, 80.0)]
+    assert f"{90.035:.2f}" == "90.03"
+    text = render(records, significance=False)
+    assert text.count("**90.03**") == 4 and "<u>80.00</u>" in text  # the column and the Average
+
+
 def test_tables_written_from_stored_cells_only(tmp_path):
     stored(tmp_path, "imagenet", "pape", 0, 70.0)
     stored(tmp_path, "imagenet", "rope", 0, 60.0)
