@@ -26,6 +26,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from pe_bench.harness.data import DatasetMissingError
+from pe_bench.tasks._shared.data_checks import MalformedDatasetError
 
 SPLITS = {"train": "train2017", "val": "val2017"}
 SOURCE = "https://cocodataset.org/#download (2017 Train/Val images, 2017 Train/Val annotations)"
@@ -88,6 +89,16 @@ class CocoImages:
             "iscrowd": torch.from_numpy(self.crowd[i]),
         }
         return image, target
+
+
+def check_categories(splits: list[CocoImages], num_classes: int) -> None:
+    """Every annotation file has ``num_classes`` categories, else an error naming the files."""
+    wrong = [f"{split.image_dir.name}: {len(split.category_ids)}" for split in splits]
+    if any(len(split.category_ids) != num_classes for split in splits):
+        raise MalformedDatasetError(
+            f"coco: data.num_classes is {num_classes}, but the annotation files have other category counts "
+            f"({', '.join(wrong)}): set data.num_classes to the annotation files' count"
+        )
 
 
 class PhotometricRandAugment:

@@ -15,7 +15,9 @@ the polarity (bit 28). Boxes are in pixels with (x, y) the top-left corner; clas
 A sample is one labelled timestamp of a recording: its boxes, and the most recent
 ``window_events`` events up to that time (PaPE: 500K). As in Prophesee's evaluation of GEN1,
 boxes with a diagonal under 30 px or a side under 10 px, and timestamps in the first 0.5 s
-of a recording, are left out (``min_box_diagonal``, ``min_box_side``, ``skip_us``).
+of a recording, are left out (``min_box_diagonal``, ``min_box_side``, ``skip_us``). The size
+rule (:class:`BoxSizeFilter`) also drops the detections before they are scored, as
+Prophesee's evaluator does.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pe_bench.harness.data import DatasetMissingError
+from pe_bench.tasks._shared.data_checks import CorruptFileError
 from pe_bench.tasks._shared.event_augment import event_drop, rotate_by, rotation_matrix
 
 SPLITS = ("train", "val", "test")
@@ -101,6 +105,50 @@ def gen1_root(root: Path) -> Path:
     return root
 
 
+def recordings(split_dir: Path) -> list[Path]:
+    """The ``_td.dat`` files of one split, in name order."""
+    return sorted(split_dir.glob("*_td.dat"))
+
+
+def boxes_file_of(events_file: Path) -> Path:
+    return events_file.with_name(events_file.name.removesuffix("_td.dat") + "_bbox.npy")
+
+
+def check_recording(events_file: Path) -> None:
+    """Full scan (``pe-bench check-data``): the DAT file and its box file can be read; a
+    :class:`CorruptFileError` names the file that cannot."""
+    boxes_file = boxes_file_of(events_file)
+    if not boxes_file.is_file():
+        raise CorruptFileError(boxes_file, "is missing: every <recording>_td.dat needs its _bbox.npy")
+    try:
+        read_dat(events_file)
+    except (OSError, ValueError) as err:
+        raise CorruptFileError(events_file, str(err).removeprefix(f"{events_file}: ")) from None
+    try:
+        read_boxes(boxes_file)
+    except (OSError, ValueError, EOFError) as err:  # np.load of a truncated file: ValueError or EOFError
+        raise CorruptFileError(boxes_file, str(err).removeprefix(f"{boxes_file}: ")) from None
+
+
+@dataclass(frozen=True)
+class BoxSizeFilter:
+    """Prophesee's size rule for GEN1 boxes (``filter_boxes`` in the psee_evaluator.py of
+    prophesee-automotive-dataset-toolbox): a box is kept when its squared diagonal is at least
+    ``min_diagonal``² and both its sides are at least ``min_side`` pixels.
+
+    Prophesee's evaluator (and RVT and the other GEN1 papers after it) applies it to the ground
+    truth *and* to the detections before the COCO evaluation. Filtering only the ground truth
+    would turn every correct detection of a small, distant object into a false positive."""
+
+    min_diagonal: float
+    min_side: float
+
+    def keep(self, boxes: Any) -> Any:
+        """Mask of the (n, 4) boxes (x1, y1, x2, y2; a numpy array or a tensor) the rule keeps."""
+        w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+        return (w * w + h * h >= self.min_diagonal**2) & (w >= self.min_side) & (h >= self.min_side)
+
+
 @dataclass(frozen=True)
 class LabelledTime:
     recording: Path  # the _td.dat file
@@ -114,14 +162,13 @@ def gen1_samples(
 ) -> list[LabelledTime]:
     """Every labelled timestamp of every recording of a split, boxes clipped to the sensor and filtered."""
     samples = []
-    for events_file in sorted(split_dir.glob("*_td.dat")):
-        boxes_file = events_file.with_name(events_file.name.removesuffix("_td.dat") + "_bbox.npy")
+    for events_file in recordings(split_dir):
+        boxes_file = boxes_file_of(events_file)
         if not boxes_file.is_file():
             raise DatasetMissingError(f"{boxes_file} is missing: every <recording>_td.dat needs its _bbox.npy")
         times, boxes, labels = read_boxes(boxes_file)
         boxes = np.clip(boxes, 0, [width, height, width, height]).astype(np.float32)
-        w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-        keep = (np.hypot(w, h) >= min_box_diagonal) & (np.minimum(w, h) >= min_box_side) & (times >= skip_us)
+        keep = BoxSizeFilter(min_box_diagonal, min_box_side).keep(boxes) & (times >= skip_us)
         times, boxes, labels = times[keep], boxes[keep], labels[keep]
         for time in np.unique(times):
             at = times == time

@@ -3,11 +3,14 @@
 Validation and test read detections off the one-to-one head without NMS (as YOLOv10
 deploys it) and score them with torchmetrics' COCO mAP@[.5:.95] (pycocotools backend): the
 task's metric ``map``. The test also reports AP50 and AP75 and, for comparison, the
-one-to-many head with NMS (``extra_results``).
+one-to-many head with NMS (``extra_results``). A task whose evaluation protocol leaves some
+detections out (GEN1: Prophesee's box-size rule) passes ``keep_detection``; it applies to both
+heads, in validation and test.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor, nn
@@ -34,11 +37,23 @@ def _truth(targets: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
     return [{k: t[k].detach().cpu() for k in keys if k in t} for t in targets]
 
 
+#: (n, 4) boxes -> (n,) mask of the detections the evaluation scores
+DetectionFilter = Callable[[Tensor], Tensor]
+
+
 class DetectionModule(TaskModule):
-    def __init__(self, model: nn.Module, optim: OptimConfig, reg_max: int, max_detections: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optim: OptimConfig,
+        reg_max: int,
+        max_detections: int,
+        keep_detection: DetectionFilter | None = None,
+    ) -> None:
         super().__init__(model, optim)
         self.loss = DetectionLoss(reg_max)
         self.max_detections = max_detections
+        self.keep_detection = keep_detection
         self.val_map = mean_average_precision()
         self.test_map = mean_average_precision()
         self.test_map_nms = mean_average_precision()
@@ -46,6 +61,13 @@ class DetectionModule(TaskModule):
 
     def forward(self, inputs: Any) -> DetectorOutput:
         return self.model(inputs)
+
+    def scored(self, detections: Detections) -> Detections:
+        """The detections as the metric takes them, less those the protocol leaves out."""
+        detections = _for_metric(detections)
+        if self.keep_detection is None:
+            return detections
+        return [{k: v[self.keep_detection(d["boxes"])] for k, v in d.items()} for d in detections]
 
     def batch_size_of(self, batch: tuple[Any, list]) -> int:
         return len(batch[1])
@@ -63,7 +85,7 @@ class DetectionModule(TaskModule):
     def validation_step(self, batch: tuple[Any, list[dict[str, Tensor]]], batch_idx: int) -> None:
         inputs, targets = batch
         output = self(inputs)
-        self.val_map.update(_for_metric(one_to_one_detections(output.one_to_one, self.max_detections)), _truth(targets))
+        self.val_map.update(self.scored(one_to_one_detections(output.one_to_one, self.max_detections)), _truth(targets))
 
     def on_validation_epoch_end(self) -> None:
         self.log("val/map", float(self.val_map.compute()["map"]), prog_bar=True)
@@ -73,8 +95,8 @@ class DetectionModule(TaskModule):
         inputs, targets = batch
         output = self(inputs)
         truth = _truth(targets)
-        self.test_map.update(_for_metric(one_to_one_detections(output.one_to_one, self.max_detections)), truth)
-        self.test_map_nms.update(_for_metric(one_to_many_detections(output.one_to_many, self.max_detections)), truth)
+        self.test_map.update(self.scored(one_to_one_detections(output.one_to_one, self.max_detections)), truth)
+        self.test_map_nms.update(self.scored(one_to_many_detections(output.one_to_many, self.max_detections)), truth)
 
     def on_test_epoch_end(self) -> None:
         result, nms = self.test_map.compute(), self.test_map_nms.compute()

@@ -24,13 +24,24 @@ from torch.utils.data import Dataset, get_worker_info
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import ConfigError, RunConfig, Strict
 from pe_bench.harness.data import SplitDataModule, package_version
+from pe_bench.tasks._shared.data_checks import DataReport, scan_files
 from pe_bench.tasks._shared.spiking_patches import EventBatch, EventTokens, SpikingPatches, pad_tokens
 from pe_bench.tasks._shared.spiking_patches_data import SpikingPatchesDataModule
 
 from ..base import Task
-from .coco import CocoDetection, CocoImages, coco_root, collate_images
+from ..image.readers import read_image
+from .coco import SPLITS, CocoDetection, CocoImages, check_categories, coco_root, collate_images
 from .event_scenes import flashing_box_streams
-from .gen1 import Gen1Augmentation, events_before, gen1_root, gen1_samples
+from .gen1 import SPLITS as GEN1_SPLITS
+from .gen1 import (
+    BoxSizeFilter,
+    Gen1Augmentation,
+    check_recording,
+    events_before,
+    gen1_root,
+    gen1_samples,
+    recordings,
+)
 from .models import (
     EVENT_DETECTION_GEOMETRY,
     DetectionModelConfig,
@@ -38,7 +49,7 @@ from .models import (
     ImageDetector,
     image_detection_geometry,
 )
-from .module import DetectionModule
+from .module import DetectionFilter, DetectionModule
 from .synthetic import SceneSpec, tiny_coco
 
 
@@ -57,7 +68,12 @@ class DetectionTask(Task):
 
     def lightning_module(self, model: nn.Module) -> DetectionModule:
         m = self.config.model
-        return DetectionModule(model, self.config.optim, m.reg_max, m.max_detections)  # type: ignore[attr-defined]
+        reg_max, max_detections = m.reg_max, m.max_detections  # type: ignore[attr-defined]
+        return DetectionModule(model, self.config.optim, reg_max, max_detections, self.detection_filter())
+
+    def detection_filter(self) -> DetectionFilter | None:
+        """The detections the evaluation protocol scores (None: all of them)."""
+        return None
 
     def data_fingerprint(self) -> dict[str, str | None]:
         """The mAP is pycocotools' evaluation (through torchmetrics, whose version env.json has)."""
@@ -158,9 +174,22 @@ class Coco(DetectionTask):
             fingerprint["scikit-image"] = package_version("scikit-image")
         return fingerprint
 
-    def check_data(self) -> None:
-        if self.data.source == "coco":
-            coco_root(Path(self.data_root or ".") / self.data.dataset_dir)
+    def check_data(self, full: bool = False, workers: int = 1) -> DataReport:
+        """The layout (quick); with ``full``, also the annotation files' categories against
+        ``data.num_classes`` and every image they list, decoded in ``workers`` processes."""
+        d, report = self.data, DataReport(self.name)
+        if d.source != "coco":
+            report.notes.append("generated data: nothing on disk to check")
+            return report
+        root = coco_root(Path(self.data_root or ".") / d.dataset_dir)
+        if full:
+            splits = [CocoImages(root, folder) for folder in SPLITS.values()]
+            check_categories(splits, d.num_classes)
+            counts = ", ".join(f"{len(split)} {split.image_dir.name}" for split in splits)
+            report.notes.append(f"{d.num_classes} categories; images: {counts}")
+            images = [str(split.image_dir / image["file_name"]) for split in splits for image in split.images]
+            report.checked, report.broken = len(images), scan_files(images, read_image, workers)
+        return report
 
 
 class Gen1DataConfig(Strict):
@@ -303,6 +332,23 @@ class Gen1(DetectionTask):
             self.data, self.config.model.patch_size, optim.batch_size, trainer.num_workers, seed, self.data_root
         )
 
-    def check_data(self) -> None:
-        if self.data.source == "gen1":
-            gen1_root(Path(self.data_root or ".") / self.data.dataset_dir)
+    def detection_filter(self) -> DetectionFilter | None:
+        """On the GEN1 release, Prophesee's box-size rule, which already filters the ground truth
+        (:func:`.gen1.gen1_samples`). The emulated streams filter nothing, so they score every detection."""
+        d = self.data
+        return BoxSizeFilter(d.min_box_diagonal, d.min_box_side).keep if d.source == "gen1" else None
+
+    def check_data(self, full: bool = False, workers: int = 1) -> DataReport:
+        """The layout (quick); with ``full``, also every recording's DAT and box files."""
+        d, report = self.data, DataReport(self.name)
+        if d.source != "gen1":
+            report.notes.append("emulated data: nothing on disk to check")
+            return report
+        root = gen1_root(Path(self.data_root or ".") / d.dataset_dir)
+        files = {split: recordings(root / split) for split in GEN1_SPLITS}
+        report.notes.append("recordings: " + ", ".join(f"{len(found)} {split}" for split, found in files.items()))
+        if full:
+            items = [events_file for found in files.values() for events_file in found]
+            report.checked = 2 * len(items)  # a DAT file and its box file per recording
+            report.broken = scan_files(items, check_recording, workers)
+        return report

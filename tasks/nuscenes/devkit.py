@@ -12,7 +12,9 @@ A sample, in the frame of its LIDAR_TOP keyframe (UniTR's frame; x forward, z up
   LiDAR's time) -> LiDAR;
 * ``boxes`` (K, 7: x, y, z, l, w, h, yaw) and ``labels`` (K,): annotations mapped to the
   detection classes by the devkit's ``category_to_detection_name``; boxes without a LiDAR or
-  radar point are dropped, as the devkit's evaluation drops them.
+  radar point are dropped, as the devkit's evaluation drops them;
+* ``ego_frame`` (4, 4): LiDAR -> the global frame's axes with the ego at the origin, where the
+  devkit measures how far a box is from the ego (its class ranges, :mod:`.metric`).
 
 Not verified against the real dataset in this repository (no copy here); the layout and
 the devkit calls follow the devkit's documentation and tutorials.
@@ -76,6 +78,15 @@ def _matrix(record: dict) -> np.ndarray:
     from pyquaternion import Quaternion
 
     return transform_matrix(record["translation"], Quaternion(record["rotation"]))
+
+
+def ego_frame(lidar_to_ego: np.ndarray, ego_to_global: np.ndarray) -> np.ndarray:
+    """LiDAR -> the global frame's axes with the ego at the origin (4 x 4). The devkit's
+    ``add_center_dist`` measures a box's distance to the ego there: the box's global translation
+    minus the ego pose's, of which its class ranges keep the ground-plane norm."""
+    axes = ego_to_global.copy()
+    axes[:3, 3] = 0.0
+    return axes @ lidar_to_ego
 
 
 class NuScenesReader:
@@ -173,6 +184,7 @@ class NuScenesReader:
             "cam_to_ego": torch.from_numpy(np.stack(poses)).float(),
             "boxes": torch.tensor(boxes, dtype=torch.float32).reshape(-1, 7),
             "labels": torch.tensor(labels, dtype=torch.long),
+            "ego_frame": torch.from_numpy(ego_frame(lidar_to_ego, ego_to_global)),
         }
 
     def _image(self, path: Path, K: np.ndarray) -> tuple[Tensor, np.ndarray]:

@@ -19,13 +19,21 @@ class DetectionModule(TaskModule):
     results of the test: AP per class ``ap_<class>`` (mean over the distance thresholds, %),
     ``nds`` (%), the mean true-positive errors in the devkit's units, ``ate`` (m), ``ase``
     (1 - IoU), ``aoe`` (rad), and ``ave`` and ``aae`` at their worst value 1, listed under
-    ``not_predicted`` (the model predicts no velocity and no attributes; NDS counts them so)."""
+    ``not_predicted`` (the model predicts no velocity and no attributes; NDS counts them so).
+    ``class_ranges`` (real nuScenes): the devkit's distance limit per class, applied to both sides
+    with each sample's ``ego_frame``."""
 
-    def __init__(self, model: UniTRDetector, class_names: list[str], optim: OptimConfig) -> None:
+    def __init__(
+        self,
+        model: UniTRDetector,
+        class_names: list[str],
+        optim: OptimConfig,
+        class_ranges: list[float] | None = None,
+    ) -> None:
         super().__init__(model, optim)
         self.class_names = list(class_names)
-        self.val_map = CentreDistanceMAP(len(class_names), class_names=class_names)
-        self.test_map = CentreDistanceMAP(len(class_names), class_names=class_names)
+        self.val_map = CentreDistanceMAP(len(class_names), class_names=class_names, class_ranges=class_ranges)
+        self.test_map = CentreDistanceMAP(len(class_names), class_names=class_names, class_ranges=class_ranges)
         self._test_results: dict[str, Any] = {}
 
     def training_loss(self, batch: dict) -> Tensor:
@@ -37,6 +45,8 @@ class DetectionModule(TaskModule):
     def _eval(self, batch: dict, split: str) -> None:
         detections = self.model.detect(batch)
         targets = [{"boxes": b, "labels": y} for b, y in zip(batch["boxes"], batch["labels"], strict=True)]
+        if "ego_frame" in batch:
+            targets = [target | {"ego_frame": frame} for target, frame in zip(targets, batch["ego_frame"], strict=True)]
         metric = getattr(self, f"{split}_map")
         metric.update(detections, targets)
         self.log(f"{split}/map", metric, prog_bar=split == "val", on_epoch=True, batch_size=len(targets))

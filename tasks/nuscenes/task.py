@@ -27,6 +27,7 @@ from ..base import Task
 from .data import SampleList, SceneDataModule
 from .detector import UniTRDetector
 from .head import CenterHead, CenterTargets
+from .metric import DEVKIT_CLASS_RANGES
 from .module import DetectionModule
 from .synthetic import SceneConfig, scene_dataset
 from .unitr import UniTR, UniTRConfig, VoxelGrid, scene_geometry
@@ -131,7 +132,21 @@ class NuScenes(Task):
         return SceneDataModule(self._splits, self.config.optim.batch_size, self.config.trainer.num_workers, seed)
 
     def lightning_module(self, model: nn.Module) -> DetectionModule:
-        return DetectionModule(model, self.data.classes, self.config.optim)
+        return DetectionModule(model, self.data.classes, self.config.optim, self.class_ranges())
+
+    def class_ranges(self) -> list[float] | None:
+        """On real nuScenes, the devkit's distance limit of each class (its evaluation drops boxes
+        and predictions beyond it); the generated scenes, 16 m across, score every box."""
+        d = self.data
+        if d.source != "nuscenes":
+            return None
+        unknown = [name for name in d.classes if name not in DEVKIT_CLASS_RANGES]
+        if unknown:
+            raise ConfigError(
+                f"nuscenes: data.classes {unknown} are not nuScenes detection classes (the devkit's class ranges "
+                f"know {', '.join(DEVKIT_CLASS_RANGES)})"
+            )
+        return [DEVKIT_CLASS_RANGES[name] for name in d.classes]
 
     def check_data(self, full: bool = False, workers: int = 1) -> DataReport:
         report = DataReport(self.name)

@@ -4,7 +4,9 @@ A sample is a dict of numpy arrays (coord, normal, optionally color and segment,
 label). Training samples get the configured augmentations with a generator drawn from
 torch's RNG (so ``seed_everything`` fixes them); evaluation samples are deterministic.
 Batches are flat: ``coord`` (N, 3), ``grid_coord`` (N, 3), ``feat`` (N, C), ``batch`` (N,)
-and ``label`` (B,) or ``segment`` (N,).
+and ``label`` (B,) or ``segment`` (N,). Evaluation samples that score every point of the scene
+(ScanNet, as Pointcept's evaluator) also carry ``inverse`` (M,), the kept point standing for
+each of the scene's M points, and ``origin_segment`` (M,), their labels.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from pe_bench.harness.config import Strict
+from pe_bench.harness.config import ConfigError, Strict
 from pe_bench.harness.data import BuiltSplitsDataModule
 
 
@@ -89,19 +91,34 @@ def augment(sample: dict, aug: Augment, rng: np.random.Generator | None) -> dict
     return s
 
 
-def grid_sample(sample: dict, grid_size: float, rng: np.random.Generator | None) -> dict:
+def grid_sample(sample: dict, grid_size: float, rng: np.random.Generator | None, return_inverse: bool = False) -> dict:
     """One point per voxel of side ``grid_size`` (random in training, the first otherwise), with
-    integer ``grid_coord`` from 0 (Pointcept's GridSample in "train" mode)."""
+    integer ``grid_coord`` from 0 (Pointcept's GridSample in "train" mode). ``return_inverse``
+    adds ``inverse``: for every point of ``sample``, the index of the kept point of its voxel."""
     coord = sample["coord"]
     voxel = np.floor(coord / grid_size).astype(np.int64)
     voxel -= voxel.min(0)
     order = rng.permutation(len(coord)) if rng is not None else np.arange(len(coord))
-    _, first = np.unique(voxel[order], axis=0, return_index=True)
+    found = np.unique(voxel[order], axis=0, return_index=True, return_inverse=return_inverse)
+    first = found[1]
     keep = np.sort(order[first])
     n = len(coord)
     out = {k: v[keep] if isinstance(v, np.ndarray) and len(v) == n else v for k, v in sample.items()}
     out["grid_coord"] = voxel[keep]
+    if return_inverse:
+        out["inverse"] = _kept_point_of_each_point(order, first, found[2].reshape(-1))
     return out
+
+
+def _kept_point_of_each_point(order: np.ndarray, first: np.ndarray, voxel_of: np.ndarray) -> np.ndarray:
+    """``inverse`` of :func:`grid_sample`: voxel u's kept point is ``order[first[u]]``, at position
+    ``rank[u]`` of the sorted kept points; ``voxel_of[m]`` is the voxel of point ``order[m]``."""
+    representative = order[first]
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(representative)] = np.arange(len(first))
+    inverse = np.empty(len(order), dtype=np.int64)
+    inverse[order] = rank[voxel_of]
+    return inverse
 
 
 def sphere_crop(sample: dict, point_max: int, rng: np.random.Generator | None) -> dict:
@@ -117,7 +134,12 @@ FeatureKey = Literal["coord", "normal", "color"]
 
 
 class PointDataset(Dataset):
-    """Samples from ``load(i)`` through augment -> grid sample -> crop -> features."""
+    """Samples from ``load(i)`` through augment -> grid sample -> crop -> features.
+
+    ``score_every_point`` (evaluation only): the sample also carries every point's labels
+    (``origin_segment``) and the kept point standing for each (``inverse``), so that every point
+    of the scene is scored, not one per voxel; Pointcept's evaluator maps its predictions back
+    the same way. It needs the whole scene: no sphere crop."""
 
     def __init__(
         self,
@@ -127,9 +149,16 @@ class PointDataset(Dataset):
         grid_size: float,
         feat_keys: Sequence[FeatureKey],
         train: bool,
+        score_every_point: bool = False,
     ) -> None:
+        if score_every_point and (train or aug.sphere_crop):
+            raise ConfigError(
+                "every point of a scene is scored (Pointcept's evaluation), which needs whole scenes: "
+                "no sphere_crop in data.eval_aug, and never in training"
+            )
         self.load, self.size, self.aug = load, size, aug
         self.grid_size, self.feat_keys, self.train = grid_size, tuple(feat_keys), train
+        self.score_every_point = score_every_point
 
     def __len__(self) -> int:
         return self.size
@@ -137,7 +166,8 @@ class PointDataset(Dataset):
     def __getitem__(self, i: int) -> dict:
         rng = np.random.default_rng(int(torch.randint(2**31, ()))) if self.train else None
         s = augment(self.load(i), self.aug, rng)
-        s = grid_sample(s, self.grid_size, rng)
+        every_point = {"origin_segment": torch.from_numpy(s["segment"]).long()} if self.score_every_point else {}
+        s = grid_sample(s, self.grid_size, rng, return_inverse=self.score_every_point)
         if self.aug.sphere_crop:
             s = sphere_crop(s, self.aug.sphere_crop, rng)
             s["grid_coord"] = s["grid_coord"] - s["grid_coord"].min(0)
@@ -157,6 +187,8 @@ class PointDataset(Dataset):
             out["segment"] = torch.from_numpy(s["segment"]).long()
         if "label" in s:
             out["label"] = torch.tensor(int(s["label"]))
+        if every_point:
+            out |= every_point | {"inverse": torch.from_numpy(s["inverse"])}
         return out
 
 
@@ -168,6 +200,11 @@ def collate(samples: list[dict]) -> dict:
         out["segment"] = torch.cat([s["segment"] for s in samples])
     if "label" in samples[0]:
         out["label"] = torch.stack([s["label"] for s in samples])
+    if "inverse" in samples[0]:
+        # Each sample's inverse indexes its own kept points: shift it past the samples before it.
+        starts = np.cumsum([0] + [len(s["coord"]) for s in samples[:-1]])
+        out["inverse"] = torch.cat([s["inverse"] + int(start) for s, start in zip(samples, starts, strict=True)])
+        out["origin_segment"] = torch.cat([s["origin_segment"] for s in samples])
     return out
 
 

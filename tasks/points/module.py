@@ -102,7 +102,12 @@ class PointSegmentationModule(TaskModule):
 
     def _eval(self, batch: dict, split: str) -> None:
         metric = getattr(self, f"{split}_miou")
-        metric(self.model(batch).argmax(-1), batch["segment"])
+        predicted, target = self.model(batch).argmax(-1), batch["segment"]
+        if "inverse" in batch:
+            # Every point of the scene, labelled by its voxel's prediction (Pointcept's evaluator):
+            # scoring the kept points only would weigh each voxel once, however many points it holds.
+            predicted, target = predicted[batch["inverse"]], batch["origin_segment"]
+        metric(predicted, target)
         self.log(f"{split}/miou", metric, prog_bar=split == "val", on_epoch=True, batch_size=1)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:

@@ -8,6 +8,8 @@
 
 Transcripts are normalised to the CTC alphabet (lower-case letters, apostrophe, single
 spaces): CAPE Appendix C.1 removes punctuation from WSJ transcriptions before training.
+Before that, the markup tokens of Kaldi-prepared transcripts (``<NOISE>``, ``[NOISE]``,
+``<unk>``, ...: :data:`MARKUP_TOKEN`) are dropped, from references and training targets alike.
 """
 
 from __future__ import annotations
@@ -35,9 +37,26 @@ class Record:
     text: str
 
 
+#: A whole token in brackets is transcription markup, not a spoken word. Kaldi's WSJ recipe
+#: (egs/wsj/s5/local/normalize_transcript.pl) writes ``<NOISE>`` for ``[loud_breath]``,
+#: ``[lip_smack]`` and the like; its TED-LIUM recipe (egs/tedlium/s5_r3/local/prepare_data.sh)
+#: turns ``{NOISE}`` into ``[NOISE]`` and keeps ``<unk>``; other recipes write ``<SPOKEN_NOISE>``
+#: or ``[laughter]``. Stripping only the brackets would leave "noise" and "unk" behind as words:
+#: WER would charge a perfect recogniser for every tag and CTC would learn to spell "noise" for
+#: a breath. wav2letter's and ESPnet's recipes drop these tokens; so does
+#: :func:`normalise_transcript`. LibriSpeech and the tiny corpus have no such tokens.
+MARKUP_TOKEN = re.compile(r"[<\[{].*[>\]}]")
+
+
+def spoken_words(text: str) -> list[str]:
+    """The whitespace-separated tokens of ``text`` that are not markup (:data:`MARKUP_TOKEN`)."""
+    return [token for token in text.split() if not MARKUP_TOKEN.fullmatch(token)]
+
+
 def normalise_transcript(text: str) -> str:
-    """Lower-case, keep letters and apostrophes, words separated by single spaces."""
-    text = re.sub(r"[^a-z' ]+", " ", text.lower())
+    """Drop markup tokens, then lower-case, keep letters and apostrophes, words separated by
+    single spaces."""
+    text = re.sub(r"[^a-z' ]+", " ", " ".join(spoken_words(text)).lower())
     return " ".join(text.split())
 
 

@@ -5,9 +5,25 @@ one sentence per line, line i of ``*.en`` translating line i of ``*.de``:
 
     <data-root>/wmt14_en_de/train.en  train.de  valid.en  valid.de  test.en  test.de
 
-(valid = newstest2013 for DE, the provided "valid" file for FR; test = newstest2014, as
-CAPE Section 5.3.) pe-bench never downloads WMT: a missing or malformed folder is an
-error naming the path, the layout and where the data comes from.
+What fairseq's examples/translation/prepare-wmt14en2de.sh (en-fr: prepare-wmt14en2fr.sh),
+run without its BPE step, puts there:
+
+* every file is Moses-tokenised with aggressive hyphen splitting and escapes (tokenizer.perl
+  ``-a``: "Euro @-@ Zone", "nicht , sagte", "&quot;"), so the paper profiles say
+  ``data.text: moses`` and report tokenised BLEU (:func:`.module.corpus_scores`);
+* train: Europarl, Common Crawl and News Commentary (en-fr: also UN and Gigaword), with
+  normalised punctuation, through Moses' clean-corpus-n.perl (pairs of 1-250 tokens, length
+  ratio <= 1.5; the script runs it after BPE, so on subwords);
+* valid: **not** newstest2013. The script sets ``dev=dev/newstest2013`` but never uses it: valid
+  is every 100th line of the tokenised training corpus (en-fr: every 1333rd), taken out of
+  train and cleaned as train is. CAPE Section 5.3 validates DE on newstest2013 and FR on "the
+  provided valid file" (fairseq's, presumably this one); for CAPE's DE setting, put newstest2013, tokenised the same
+  way, in valid.{en,de};
+* test: newstest2014 (the full 3003 sentences of test-full), "’" replaced by "'" and
+  tokenised, not cleaned.
+
+pe-bench never downloads WMT: a missing or malformed folder is an error naming the path, the
+layout and where the data comes from.
 """
 
 from __future__ import annotations
@@ -28,7 +44,8 @@ def layout_help(folder: Path, src: str, tgt: str) -> str:
         "(plain text, one sentence per line, the two files of a split line-aligned).\n"
         f"Source: WMT'14 {src}-{tgt} (https://www.statmt.org/wmt14/translation-task.html), "
         "prepared as in fairseq's examples/translation/prepare-wmt14en2de.sh (en-fr: prepare-wmt14en2fr.sh), "
-        "without the BPE step: pe-bench trains its own sentencepiece model."
+        "without the BPE step: pe-bench trains its own sentencepiece model. That text is Moses-tokenised "
+        "(data.text: moses); untokenised text needs data.text: raw."
     )
 
 

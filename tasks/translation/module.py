@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -37,11 +38,50 @@ class DecodingConfig:
     max_len_b: int = 10
 
 
-def corpus_scores(hypotheses: list[str], references: list[str]) -> tuple[float, float]:
-    """(BLEU, chrF) with sacrebleu's defaults (13a tokenisation, chrF2), in 0-100."""
+#: What the corpus files hold: ``raw`` text (the tiny corpus; WMT as released) or ``moses``,
+#: the output of Moses' tokenizer.perl with ``-a`` as fairseq's prepare-wmt14en2{de,fr}.sh writes
+#: it (the paper profiles' layout): "Euro @-@ Zone", "nicht , sagte", "&apos;", "&quot;" ...
+TextForm = Literal["raw", "moses"]
+
+#: tokenizer.perl's escapes (fairseq's preparation leaves them on), undone in reverse order:
+#: "&" was escaped first, so "&amp;" is restored last.
+MOSES_ESCAPES = (
+    ("&#124;", "|"), ("&lt;", "<"), ("&gt;", ">"), ("&apos;", "'"), ("&quot;", '"'), ("&#91;", "["),
+    ("&#93;", "]"), ("&amp;", "&"),
+)  # fmt: skip
+
+
+def moses_characters(line: str) -> str:
+    """``line`` with the characters tokenizer.perl adds undone: its escapes, and the ``@-@`` of its
+    aggressive hyphen splitting (``-a``: "Euro-Zone" -> "Euro @-@ Zone") turned back into "-".
+    Everything else the tokenizer does is add or remove spaces."""
+    for escaped, character in MOSES_ESCAPES:
+        line = line.replace(escaped, character)
+    return line.replace("@-@", "-")
+
+
+def corpus_scores(hypotheses: list[str], references: list[str], text: TextForm = "raw") -> tuple[float, float]:
+    """(BLEU, chrF) in 0-100.
+
+    ``raw`` text: sacreBLEU's standard scores, BLEU with its 13a tokenisation and chrF2.
+
+    ``moses`` text: BLEU over the text's own tokens (sacreBLEU's ``tokenize="none"``, the same
+    count as Moses' multi-bleu.perl), i.e. the tokenised BLEU that CAPE Table 2 reports
+    ("multi-bleu.perl via the standardized tokenization"); each ``@-@`` is one token, which is
+    what the usual compound splitting gives. It is not standard sacreBLEU: that needs the
+    untokenised references, and tokenizer.perl cannot be inverted exactly (for German and
+    French it spaces apostrophes and non-ASCII quotes without recording which side they were
+    attached to), so a detokeniser would only guess at them. 13a run over Moses tokens would be
+    neither score: it splits each ``@-@`` into three tokens that match for free. chrF ignores
+    whitespace, so chrF2 of :func:`moses_characters` is the standard chrF of the untokenised
+    text."""
     import sacrebleu
 
-    bleu = sacrebleu.corpus_bleu(hypotheses, [references]).score
+    if text == "moses":
+        bleu = sacrebleu.corpus_bleu(hypotheses, [references], tokenize="none").score
+        hypotheses, references = [moses_characters(h) for h in hypotheses], [moses_characters(r) for r in references]
+    else:
+        bleu = sacrebleu.corpus_bleu(hypotheses, [references]).score
     chrf = sacrebleu.corpus_chrf(hypotheses, [references]).score
     return float(bleu), float(chrf)
 
@@ -100,10 +140,12 @@ class TranslationModule(TaskModule):
         stacked: list[tuple[Tensor, Tensor, Tensor]],
         train_max_target: int,
         label: str = "",
+        text: TextForm = "raw",
     ) -> None:
         super().__init__(model, optim)
         self.tokenizer = tokenizer
         self.decoding = decoding
+        self.text = text  # the corpus' form, which decides how BLEU and chrF are computed
         self.stacked = stacked  # teacher-forced batches of the stacked test set
         self.train_max_target = train_max_target
         self.label = label
@@ -111,6 +153,10 @@ class TranslationModule(TaskModule):
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.model(src, tgt_in)
+
+    def scores(self, hypotheses: list[str], references: list[str]) -> tuple[float, float]:
+        """(BLEU, chrF) as :func:`corpus_scores` computes them for this corpus' text form."""
+        return corpus_scores(hypotheses, references, self.text)
 
     def training_loss(self, batch: dict) -> Tensor:
         logits = self(batch["src"], batch["tgt_in"]).float()
@@ -149,7 +195,7 @@ class TranslationModule(TaskModule):
     def on_validation_epoch_end(self) -> None:
         outputs, self._outputs["val"] = self._outputs["val"], []
         if outputs:
-            bleu, _ = corpus_scores([o[0] for o in outputs], [o[1] for o in outputs])
+            bleu, _ = self.scores([o[0] for o in outputs], [o[1] for o in outputs])
             self.log("val/bleu", bleu, prog_bar=True)
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
@@ -158,8 +204,8 @@ class TranslationModule(TaskModule):
     def on_test_epoch_end(self) -> None:
         outputs, self._outputs["test"] = self._outputs["test"], []
         hyps, refs, srcs = ([o[i] for o in outputs] for i in range(3))
-        bleu, chrf = corpus_scores(hyps, refs)
-        copy_bleu, _ = corpus_scores(srcs, refs)
+        bleu, chrf = self.scores(hyps, refs)
+        copy_bleu, _ = self.scores(srcs, refs)
         self.log_dict({"test/bleu": bleu, "test/chrf": chrf, "test/copy_bleu": copy_bleu})
         folder = Path(self.trainer.default_root_dir)
         # A few translations next to the scores make failures easy to read.

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from pydantic import model_validator
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
@@ -32,7 +33,7 @@ from ..base import Task
 from .corpus import stack_pairs, tiny_corpus
 from .io import SPLITS, check_folder, check_split, read_split
 from .model import MT_LOCAL_SHIFT, PositionFrame, Seq2SeqTransformer
-from .module import DecodingConfig, TranslationModule
+from .module import DecodingConfig, TextForm, TranslationModule
 from .tokenizer import BOS, EOS, PAD, SubwordTokenizer, train_tokenizer
 
 
@@ -41,6 +42,9 @@ class TranslationDataConfig(Strict):
     src_lang: str = "en"
     tgt_lang: str = "de"
     dataset_dir: str = ""  # files: folder under --data-root with {train,valid,test}.{src,tgt}
+    # files: "moses" for fairseq's Moses-tokenised preparation (the paper profiles), "raw" for
+    # untokenised text; decides how BLEU is computed (module.corpus_scores). The tiny corpus is raw.
+    text: TextForm = "raw"
     # tiny: sentence pairs per split
     train_size: int = 0
     valid_size: int = 0
@@ -59,6 +63,12 @@ class TranslationDataConfig(Strict):
     val_limit: int = 0  # validate on the first N pairs only (0: all); decoding dominates tiny runs
     stack_min_words: int = 300  # stacked test targets hold at least this many words
     stack_limit: int = 0  # at most this many stacked pairs (0: all)
+
+    @model_validator(mode="after")
+    def _tiny_corpus_is_raw_text(self) -> TranslationDataConfig:
+        if self.source == "tiny" and self.text != "raw":
+            raise ValueError("data.text: the tiny corpus is raw text (its sentences are built, never tokenised)")
+        return self
 
 
 @dataclass
@@ -214,6 +224,7 @@ class Translation(Task):
             self._stacked_batches(),
             self.corpus.train_max_target,
             label=getattr(model, "method_label", ""),
+            text=d.text,
         )
 
     def datamodule(self, seed: int) -> TranslationDataModule:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pe_bench.tasks.nuscenes.metric import CentreDistanceMAP, average_precision, match
+from pe_bench.tasks.nuscenes.metric import DEVKIT_CLASS_RANGES, CentreDistanceMAP, average_precision, match
 
 THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
 
@@ -155,17 +155,17 @@ def test_boxes_of_the_wrong_shape_are_refused():
         CentreDistanceMAP(1, class_names=["a", "b"])
 
 
-def random_case(rng: np.random.Generator, samples: int, classes: int):
-    """Boxes with random sizes and headings; predictions jittered in centre, size and heading
-    (some turned half round), plus false positives and wrong labels."""
+def random_case(rng: np.random.Generator, samples: int, classes: int, spread: float = 20.0):
+    """Boxes with random sizes and headings within ``spread`` m on x and y; predictions jittered
+    in centre, size and heading (some turned half round), plus false positives and wrong labels."""
     preds, targets = [], []
     for _ in range(samples):
         count = rng.integers(0, 8)
-        xy = rng.uniform(-20, 20, (count, 2))
+        xy = rng.uniform(-spread, spread, (count, 2))
         sizes = rng.uniform(0.3, 5.0, (count, 3))
         yaws = rng.uniform(-np.pi, np.pi, count)
         labels = rng.integers(0, classes, count)
-        p_xy = np.concatenate([xy + rng.normal(0, 1.0, xy.shape), rng.uniform(-20, 20, (4, 2))])
+        p_xy = np.concatenate([xy + rng.normal(0, 1.0, xy.shape), rng.uniform(-spread, spread, (4, 2))])
         p_sizes = np.concatenate([sizes * np.exp(rng.normal(0, 0.3, sizes.shape)), rng.uniform(0.3, 5.0, (4, 3))])
         p_yaws = np.concatenate([yaws + rng.normal(0, 0.4, count) + np.pi * (rng.random(count) < 0.3),
                                  rng.uniform(-np.pi, np.pi, 4)])  # fmt: skip
@@ -178,37 +178,55 @@ def random_case(rng: np.random.Generator, samples: int, classes: int):
     return preds, targets
 
 
-def devkit_metrics(preds, targets, names):
+class NoBikeRacks:
+    """The one table lookup of the devkit's ``filter_eval_boxes`` beyond its distance and point
+    filters: every sample without annotations, so without bicycle racks."""
+
+    def get(self, table: str, token: str) -> dict:
+        assert table == "sample"
+        return {"anns": []}
+
+
+def devkit_metrics(preds, targets, names, ego_frames=None):
     """The devkit's ``DetectionEval.evaluate`` (matching, AP, TP errors with its nan rules, NDS)
-    on our boxes: predictions without velocity (nan) or attribute, as our model."""
+    on our boxes: predictions without velocity (nan) or attribute, as our model. With
+    ``ego_frames`` (one (4, 4) per sample: box frame -> global axes, ego at the origin), the
+    devkit's loading steps first: ``add_center_dist``'s ego translation, then
+    ``filter_eval_boxes`` with the config's class ranges."""
     pytest.importorskip("nuscenes.eval.detection.evaluate", reason="nuscenes-devkit is not installed")
     from nuscenes.eval.common.config import config_factory
     from nuscenes.eval.common.data_classes import EvalBoxes
+    from nuscenes.eval.common.loaders import filter_eval_boxes
     from nuscenes.eval.detection.data_classes import DetectionBox
     from nuscenes.eval.detection.evaluate import DetectionEval
 
     attribute = {"car": "vehicle.parked", "pedestrian": "pedestrian.standing"}  # barrier, traffic_cone: none
 
-    def box(sample, row, label, score=None):
+    def box(sample, row, label, score=None, frame=None):
         x, y, z, length, width, height, yaw = (float(v) for v in row)
         name = names[int(label)]
+        offset = (0.0, 0.0, 0.0) if frame is None else tuple(float(v) for v in frame[:3, :3] @ [x, y, z] + frame[:3, 3])
         return DetectionBox(
             sample_token=sample, translation=(x, y, z), size=(width, length, height),  # the devkit's w, l, h
             rotation=(float(np.cos(yaw / 2)), 0.0, 0.0, float(np.sin(yaw / 2))), detection_name=name,
             velocity=(0.0, 0.0) if score is None else (np.nan, np.nan),
             detection_score=-1.0 if score is None else score,
-            attribute_name=attribute.get(name, "") if score is None else "",
+            attribute_name=attribute.get(name, "") if score is None else "", ego_translation=offset,
         )  # fmt: skip
 
     gt_boxes, pred_boxes = EvalBoxes(), EvalBoxes()
     for i, (p, t) in enumerate(zip(preds, targets, strict=True)):
-        s = f"s{i}"
-        gt_boxes.add_boxes(s, [box(s, row, y) for row, y in zip(t["boxes"], t["labels"], strict=True)])
+        s, frame = f"s{i}", None if ego_frames is None else np.asarray(ego_frames[i], dtype=np.float64)
+        gt_boxes.add_boxes(s, [box(s, row, y, frame=frame) for row, y in zip(t["boxes"], t["labels"], strict=True)])
         found = zip(p["boxes"], p["labels"], p["scores"], strict=True)
-        pred_boxes.add_boxes(s, [box(s, row, y, float(score)) for row, y, score in found])
+        pred_boxes.add_boxes(s, [box(s, row, y, float(score), frame) for row, y, score in found])
+    cfg = config_factory("detection_cvpr_2019")
+    if ego_frames is not None:
+        gt_boxes = filter_eval_boxes(NoBikeRacks(), gt_boxes, cfg.class_range)
+        pred_boxes = filter_eval_boxes(NoBikeRacks(), pred_boxes, cfg.class_range)
     # The evaluation without its loading step (which needs the dataset on disk), over our classes only.
     evaluation = object.__new__(DetectionEval)
-    evaluation.cfg, evaluation.verbose = config_factory("detection_cvpr_2019"), False
+    evaluation.cfg, evaluation.verbose = cfg, False
     evaluation.cfg.class_names = list(names)
     evaluation.gt_boxes, evaluation.pred_boxes = gt_boxes, pred_boxes
     metrics, _ = evaluation.evaluate()
@@ -235,3 +253,64 @@ def test_equals_the_nuscenes_devkit():
     np.testing.assert_allclose([result[k] for k in ("ate", "ase", "aoe", "ave", "aae")], mean_errors, atol=1e-6)
     assert result["map"] == pytest.approx(metrics.mean_ap, abs=1e-6)
     assert result["nds"] == pytest.approx(metrics.nd_score, abs=1e-6)
+
+
+def assert_same_as_the_devkit(metric, metrics, names):
+    devkit_ap = np.array([[metrics.get_label_ap(name, th) for th in THRESHOLDS] for name in names])
+    tp_metrics = ["trans_err", "scale_err", "orient_err", "vel_err", "attr_err"]
+    devkit_tp = np.array([[metrics.get_label_tp(name, m) for m in tp_metrics] for name in names])
+    np.testing.assert_allclose(metric.average_precisions(), devkit_ap, atol=1e-6)
+    np.testing.assert_allclose(metric.true_positive_errors(), devkit_tp, atol=1e-6)
+    result = metric.summary()
+    assert result["map"] == pytest.approx(metrics.mean_ap, abs=1e-6)
+    assert result["nds"] == pytest.approx(metrics.nd_score, abs=1e-6)
+
+
+def ego_frame(yaw: float, offset) -> torch.Tensor:
+    """Box frame -> global axes with the ego at the origin: a turn about z, then the shift from
+    the sensor to the ego (as LIDAR_TOP's mounting, about 1 m ahead of the ego's origin)."""
+    frame = torch.eye(4, dtype=torch.float64)
+    frame[:2, :2] = torch.tensor([[np.cos(yaw), -np.sin(yaw)], [np.sin(yaw), np.cos(yaw)]])
+    frame[:3, 3] = torch.tensor(offset, dtype=torch.float64)
+    return frame
+
+
+def test_the_class_ranges_are_the_devkits():
+    pytest.importorskip("nuscenes.eval.common.config", reason="nuscenes-devkit is not installed")
+    from nuscenes.eval.common.config import config_factory
+
+    assert config_factory("detection_cvpr_2019").class_range == DEVKIT_CLASS_RANGES
+
+
+def test_boxes_at_or_beyond_their_class_range_from_the_ego_count_on_neither_side():
+    names, ranges = ["car", "pedestrian"], [DEVKIT_CLASS_RANGES["car"], DEVKIT_CLASS_RANGES["pedestrian"]]
+    frame = ego_frame(0.0, (1.0, 0.0, 1.8))  # the sensor 1 m ahead of the ego's origin
+    # A car and a pedestrian found 45 m ahead (46 m from the ego): the car is within its 50 m, the
+    # pedestrian beyond its 40 m on both sides. A pedestrian 39.5 m ahead of the sensor is 40.5 m
+    # from the ego: dropped, not missed. A false pedestrian 39.5 m to the side, 39.51 m from the
+    # ego, stays: with no pedestrian left to find, pedestrians score 0.
+    preds = [pred([[45, 0], [45, 0.5], [0, 39.5]], [0.9, 0.8, 0.7], [0, 1, 1])]
+    targets = [gt([[45, 0], [45, 0.5], [39.5, 0]], [0, 1, 1]) | {"ego_frame": frame}]
+    metric = CentreDistanceMAP(2, class_names=names, class_ranges=ranges)
+    metric.update(preds, targets)
+    np.testing.assert_allclose(metric.average_precisions(), [[1.0] * 4, [0.0] * 4])
+    assert metric.num_gt.tolist() == [1, 0] and len(metric.scores[0]) == 2
+    plain = CentreDistanceMAP(2, class_names=names)  # without ranges: the pedestrians are all there
+    plain.update(preds, targets)
+    assert plain.num_gt.tolist() == [1, 2] and 0 < plain.average_precisions()[1].mean() < 1
+
+
+def test_with_class_ranges_equals_the_devkits_filter_and_evaluation():
+    names = ["car", "pedestrian", "barrier", "traffic_cone"]
+    rng = np.random.default_rng(1)
+    preds, targets = random_case(rng, samples=40, classes=len(names), spread=60.0)
+    frames = [ego_frame(rng.uniform(-np.pi, np.pi), (rng.uniform(0.5, 1.5), rng.uniform(-0.2, 0.2), 1.8))
+              for _ in targets]  # fmt: skip
+    metrics = devkit_metrics(preds, targets, names, frames)
+    ranges = [DEVKIT_CLASS_RANGES[name] for name in names]
+    metric = CentreDistanceMAP(len(names), class_names=names, class_ranges=ranges)
+    metric.update(preds, [t | {"ego_frame": f} for t, f in zip(targets, frames, strict=True)])
+    everything = sum(len(t["labels"]) for t in targets)
+    assert 0 < int(metric.num_gt.sum()) < 0.8 * everything  # the ranges drop a good part of the boxes
+    assert 0.05 < metrics.mean_ap < 0.95
+    assert_same_as_the_devkit(metric, metrics, names)
