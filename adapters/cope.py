@@ -200,7 +200,7 @@ def _fusable_cope_bias(q, k, table, summed_into, read_at, query_has_pos, key_has
 #: ``cope_bias`` as one compiled function (``adapters/_fused.py``; "auto": on CUDA). Eager,
 #: CoPE's bias is about 15 passes over (B, H, N, N) float32 tensors per layer and as many in
 #: the backward (gates, their bins, the cumulative sum, the gathers and the interpolation's
-#: floor, fraction and lerp, the mask): on an H200 (11-27) CoPE trained at 4.32x its FLOP
+#: floor, fraction and lerp, the mask): on an H200 (11-27) CoPE trained at 4.23x its FLOP
 #: bound. Compiled, the elementwise steps join the kernels around the scatter and the scan.
 #: Fused results may differ from eager ones by rounding (Inductor's orders of summation, and
 #: its own formulas for the fused chain; tests/adapters/test_fused_cope.py bounds it).

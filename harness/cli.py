@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -574,6 +575,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.grid:
         return _grid_bench(args)
     _check_attention_kernel(args)
+    _check_sweep_tokens(args.sweep)
     if args.profile_step:
         return _profile_steps(args)
     if args.flex_probe:
@@ -746,6 +748,18 @@ def _check_device(device: str) -> None:
         )
     if kind == "cuda" and (index := torch.device(device).index) is not None and index >= torch.cuda.device_count():
         raise ValueError(f"bench --device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+def _check_sweep_tokens(tokens: list[int] | None) -> None:
+    """The sweep's layer runs on a square grid: a count that is no square would be measured at
+    side^2 tokens under the count asked for (1000 ran 961), so it is refused, naming squares."""
+    odd = [n for n in tokens or () if n < 1 or math.isqrt(n) ** 2 != n]
+    if odd:
+        near = lambda n: f"{math.isqrt(max(n, 1)) ** 2} or {(math.isqrt(max(n, 1)) + 1) ** 2}"  # noqa: E731
+        raise ValueError(
+            "bench --sweep: token counts must be squares (the layer's grid is side x side): "
+            + ", ".join(f"{n} (e.g. {near(n)})" for n in odd)
+        )
 
 
 def _check_attention_kernel(args: argparse.Namespace) -> None:

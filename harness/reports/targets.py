@@ -151,12 +151,14 @@ class GpuRun:
     def train_ratio(self, row: dict) -> float | None:
         """The row's training step time over nopos's: the run's paired ratio (since stop 47),
         else (the first run) the ratio of the two medians."""
-        if "train_img_s_b128" not in row:
-            return None
+        if not _measured(row.get("train_img_s_b128")):
+            return None  # absent, or a failure's text ("OOM", "error: ...") in the training cell
         if "train_img_s_b128_vs_nopos" in row:
-            return row["train_img_s_b128_vs_nopos"]
+            return row["train_img_s_b128_vs_nopos"] if _measured(row["train_img_s_b128_vs_nopos"]) else None
         nopos = self.row("nopos")
-        return None if nopos is None else nopos["train_img_s_b128"] / row["train_img_s_b128"]
+        if nopos is None or not _measured(nopos.get("train_img_s_b128")):
+            return None
+        return nopos["train_img_s_b128"] / row["train_img_s_b128"]
 
     def changes_since(self, method: str) -> list[Change]:
         measured = datetime.fromisoformat(self.code_committed)
@@ -232,9 +234,11 @@ def _judge(target: Target, run: GpuRun, row: dict) -> tuple[str, str]:
         return figure, "met" if row["peak_mib"] < one_head_scores_mib else "not met"
     ratio = run.train_ratio(row)
     if ratio is None:
-        kernel = str(row.get("kernel", ""))
-        if kernel.startswith(("error", "OOM")):  # how a failed measurement's row reads (throughput._failure)
-            return kernel[:60], "failed"
+        # how a failed measurement reads (throughput._failure): in the kernel column when the
+        # whole encoding failed, in the training cell when only its training step did
+        for failure in (str(row.get("kernel", "")), str(row.get("train_img_s_b128", ""))):
+            if failure.startswith(("error", "OOM")):
+                return failure[:60], "failed"
         return "no batch-128 training figure", "not measured"
     if target.measure == "timm":
         return f"nopos {ratio:.3f}× timm's speed", "met" if ratio >= target.limit else "not met"
@@ -245,6 +249,11 @@ def _judge(target: Target, run: GpuRun, row: dict) -> tuple[str, str]:
         return f"{ratio:.3f}× nopos, no FLOP model", "not measured"
     over = ratio / bound
     return f"{ratio:.3f} / {bound:.3f} = {over:.2f}", "met" if over <= target.limit else "not met"
+
+
+def _measured(value: object) -> bool:
+    """A number, not a failure's text."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _flop_bound(method: str) -> float | None:

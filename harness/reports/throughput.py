@@ -86,8 +86,10 @@ def encoding_flops(
       sqrt, slope), relpos 4P + 2 (round, clip, index), LookHere 3P + 8 (distance and the
       field-of-view test), PaPE explicit 5m + 2 (Eq. 9 with direct differences) plus its
       W_a/W_b/W_p projections. CoPE: the gate products again (2 E), sigmoid, suffix sums
-      and interpolation, 2 E + 12; SaPE²: gates 2 E + 4, and Eq. 15's two distances over
-      the W + H vector entries, 3 (W + H).
+      and interpolation, 2 E + 12, plus q . e[p] at every integer position, 2 E npos_max per
+      query (as much as the gates at the default npos_max, the grid + 1; until stop 61 left
+      out, which put CoPE's bound at 1.022 instead of 1.043 at ViT-B); SaPE²: gates 2 E + 4,
+      and Eq. 15's two distances over the W + H vector entries, 3 (W + H).
     * widened q/k (pape, pape-ri, efficient): q.k over the extra channels, 2 N^2 H w (v
       stays unpadded on CUDA), with w after the bf16 hi/lo split (3x, ``bf16``) and padding;
       plus the coefficient projections (PaPE: W_a, W_b: 4 N D H m; W_p: 2 N H m P; the
@@ -127,7 +129,8 @@ def encoding_flops(
     if parsed.name == "lookhere":
         return pairs * (3.0 * p + 8)
     if parsed.name == "cope":
-        return pairs * (2.0 * e + 12)
+        npos_max = options.get("npos_max") or side * side + 1  # CoPE's default: the grid + 1
+        return pairs * (2.0 * e + 12) + layers * h * n * 2.0 * e * npos_max
     if parsed.name == "sape2":
         return pairs * (2.0 * e + 4 + 3 * 2 * side)
     if parsed.name == "pape":

@@ -8,6 +8,7 @@ emulates CUDA's policy: the ops of its lower-precision list see bf16 inputs.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -88,3 +89,19 @@ def test_sincos_embeds_positions_as_given_and_keeps_the_activations_dtype():
     assert in_bf16.dtype == torch.bfloat16
     assert torch.equal(in_bf16, exact.bfloat16())
     assert not torch.equal(in_bf16[0, 6], in_bf16[0, 7])  # positions 256 and 257
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rope_mixed_angles_and_cape_phases_under_real_cuda_autocast():
+    """The emulated policy's claim on the real thing: CUDA's bf16 autocast leaves both in float32."""
+    frequencies = mixed_frequencies(12, 2, 16, 10.0).cuda()
+    grid = centred_grid(64)
+    layout = PositionLayout(coords=grid.coords.cuda(), has_pos=grid.has_pos.cuda())
+    exact = rotation_angles(layout, frequencies)
+    seconds = torch.linspace(0.0, 27.0, 900, device="cuda").unsqueeze(-1)
+    phases = 30.0 * torch.exp(-torch.arange(32, device="cuda") / 32 * 9.21).unsqueeze(-1)
+    exact_features = sinusoid_features(seconds, phases)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert torch.equal(rotation_angles(layout, frequencies), exact)
+        assert torch.equal(sinusoid_features(seconds, phases), exact_features)

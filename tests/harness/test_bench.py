@@ -155,3 +155,11 @@ def test_a_device_this_machine_lacks_is_a_one_line_error(capsys, monkeypatch):
     assert "no usable CUDA device" in capsys.readouterr().err
     assert main(["bench", "--device", "gpu", "--methods", "nopos"]) == 2
     assert "not a device; use cpu, cuda or cuda:N" in capsys.readouterr().err
+
+
+def test_a_sweep_token_count_that_is_no_square_is_refused_naming_squares(capsys):
+    """The layer's grid is side x side: 1000 tokens ran 961 under the label 1000."""
+    assert main(["bench", "--model", "tiny", "--methods", "nopos", "--sweep", "1024,1000", "--no-forward"]) == 2
+    err = capsys.readouterr().err
+    assert "token counts must be squares" in err and "1000 (e.g. 961 or 1024)" in err
+

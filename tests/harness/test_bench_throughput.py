@@ -127,6 +127,32 @@ def test_flop_model_by_action_point():
         assert encoding_flops(f"{string}[basis=folded]", VIT_B, tokens, device="cpu") == rotation
 
 
+def test_cope_model_counts_its_gate_and_position_products_as_flop_counter_mode_does():
+    """CoPE's two matrix products per layer: the gates' q . k (2 E per pair) and q . e[p] at every
+    integer position (2 E npos_max per query; until stop 61 left out, half its matrix work);
+    the model's remainder is its 12 elementwise operations per pair, which the counter skips."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pe_bench.adapters import Geometry, build
+    from pe_bench.adapters.base import PositionLayout
+    from pe_bench.harness.attention import Attention
+
+    config = type(VIT_B)(dim=64, depth=1, num_heads=4, mlp_ratio=4.0)
+    tokens, side = 17, 4
+    encoding = build("cope", Geometry(pos_dim=2, grid_shape=(side, side), num_prefix_tokens=1), 64, 4, 1)
+    layer = Attention(64, 4, encoding.make_layer(0)).eval()
+    layout = encoding.prepare(PositionLayout.grid(1, (side, side), 1))
+    x = torch.randn(1, tokens, 64)
+    with torch.no_grad():
+        with FlopCounterMode(display=False) as bare:
+            Attention(64, 4).eval()(x, layout)
+        with FlopCounterMode(display=False) as counted:
+            layer(x, layout)
+    extra_matmuls = counted.get_total_flops() - bare.get_total_flops()
+    elementwise = 4 * tokens**2 * 12
+    assert encoding_flops("cope", config, tokens) - elementwise == pytest.approx(extra_matmuls)
+
+
 def test_bench_command_prints_the_throughput_table_and_compiles_on_request(capsys, monkeypatch):
     compiled = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compiled.append(type(self).__name__))

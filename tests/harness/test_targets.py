@@ -143,6 +143,20 @@ def test_the_first_runs_ratio_of_medians_and_a_failed_row(tmp_path):
     assert (cape["measured"], cape["status"]) == ("no batch-128 training figure", "not measured")
 
 
+def test_a_training_step_that_failed_alone_is_a_failed_row_not_a_crash(tmp_path):
+    """Inference measured, the training step out of memory: the failure's text sits in the
+    training cell (throughput._failure), which the ratio must not divide by (it did: TypeError,
+    and every `.ci/gpu` part ending with the targets table lost it)."""
+    rows = [
+        {"method": "nopos", "kernel": "CUDNN_ATTENTION", "train_img_s_b128": 2000.0},
+        {"method": "lookhere", "kernel": "FLEX", "train_img_s_b128": "OOM"},
+    ]
+    table = targets_table(load_runs([_run(tmp_path / "run", "2026-12-01T00:00:00+00:00", rows)]))
+    lookhere = _judged(table, "≤ 1.15× FLOP bound", "lookhere")
+    assert (lookhere["measured"], lookhere["status"]) == ("OOM", "failed")
+    assert _judged(table, "≤ 1.25× nopos", "lookhere")["status"] == "failed"
+
+
 def test_long_sequence_memory_below_one_heads_scores_is_linear(tmp_path):
     n = targets.LONG_SEQUENCE_TOKENS
     one_head_mib = n * n * 2 / 2**20
