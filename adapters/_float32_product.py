@@ -29,6 +29,13 @@ Keys shared by the batch (a grid every sample shares) multiply head-major when t
 less (below, ``_head_major_pays``): one GEMM per head over the whole batch's rows, instead of
 a copy of the keys' pieces per sample. And keys prepared once (``keys_for_product``) serve
 several products: the chunks of queries of one attention call at long sequences.
+
+The pieces are bf16 whatever the heads' 16-bit dtype, so they are cut and arranged with
+autocast off (``_without_autocast``): under a float16 autocast (``precision: 16-mixed``) the
+concatenations of bf16 pieces are "promote" operators, which refuse a bf16 tensor where the
+autocast dtype is float16 ("Unexpected floating ScalarType in at::autocast::prioritize").
+A float16 bias's gradient becomes bf16 for the backward's products: a relative error of each
+pair's own term (2^-9), as a bf16 gradient already has.
 """
 
 from __future__ import annotations
@@ -68,10 +75,17 @@ def keys_for_product(b: Tensor) -> Float32Keys:
     """b (float32, (B or 1, H, m, w)) split into pieces and arranged for the matmuls, in
     their operand dtype (``_operand``), one matrix per sample and head (per head when the
     batch shares b). The backward's arrangement only when autograd is on."""
-    hi, mid, lo = pieces(b)
-    product = _operand(torch.cat([hi, mid, hi, lo, hi, mid], dim=-1)).transpose(-1, -2).flatten(0, 1)
-    backward = _operand(torch.cat([hi, mid, lo], dim=-1)).flatten(0, 1) if torch.is_grad_enabled() else None
+    with _without_autocast(b):
+        hi, mid, lo = pieces(b)
+        product = _operand(torch.cat([hi, mid, hi, lo, hi, mid], dim=-1)).transpose(-1, -2).flatten(0, 1)
+        backward = _operand(torch.cat([hi, mid, lo], dim=-1)).flatten(0, 1) if torch.is_grad_enabled() else None
     return Float32Keys(b, product, backward)
+
+
+def _without_autocast(x: Tensor) -> torch.autocast:
+    """Autocast off on ``x``'s device: the pieces stay bf16 and their concatenations take them
+    as they are (module doc; the concatenations give the same bits with autocast on in bf16)."""
+    return torch.autocast(x.device.type, enabled=False)
 
 
 def _operand(x: Tensor) -> Tensor:
@@ -138,6 +152,12 @@ class _Float32Product(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a: Tensor, b: Tensor, keys: Float32Keys, out_dtype: torch.dtype) -> Tensor:
+        with _without_autocast(a):  # bf16 pieces under a float16 autocast too (module doc)
+            return _Float32Product._forward(ctx, a, b, keys, out_dtype)
+
+    @staticmethod
+    def _forward(ctx, a: Tensor, b: Tensor, keys: Float32Keys, out_dtype: torch.dtype) -> Tensor:
+        """``forward``'s work, with autocast off."""
         batch, heads = a.shape[:2]
         training = keys.backward is not None
         shared = _head_major_pays(a, b, training)

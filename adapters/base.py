@@ -455,9 +455,14 @@ class NotApplicableError(ValueError):
 
 
 def masked_mean(coords: Tensor, mask: Tensor) -> Tensor:
-    """Mean over tokens where ``mask`` is True: (B, N, P), (B, N) -> (B, 1, P)."""
-    weights = mask.to(coords.dtype).unsqueeze(-1)
-    return (coords * weights).sum(1, keepdim=True) / weights.sum(1, keepdim=True).clamp_min(1.0)
+    """Mean over tokens where ``mask`` is True: (B, N, P), (B, N) -> (B, 1, P). Tokens outside
+    the mask are left out by ``where``, not weighted by 0: their coordinates are to be ignored
+    (``PositionLayout``), and a NaN there times 0 would still be NaN, in every centred position.
+    For finite coordinates the bits are those of the weighted sum (a zero of either sign adds
+    nothing; the count, a sum of 0s and 1s, is exact)."""
+    selected = mask.unsqueeze(-1)
+    count = selected.sum(1, keepdim=True).clamp_min(1).to(coords.dtype)
+    return torch.where(selected, coords, 0.0).sum(1, keepdim=True) / count
 
 
 def key_centred_coords(inputs: AttentionInputs, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
@@ -496,7 +501,12 @@ def grid_tiles(layout: PositionLayout, edge: int) -> list[Tensor]:
     """The token indices of ``layout`` in tiles of ``edge`` cells per axis of its grid (the
     positioned tokens are row-major after the prefix tokens, which join the first tile), or,
     without a grid, in chunks of ``edge ** P`` consecutive tokens (1-D sequences, and
-    serialised point patches, are compact in token order). On the layout's device."""
+    serialised point patches, are compact in token order). On the layout's device.
+
+    Assumes the tokens after the prefix are exactly the grid's cells: tokens after the grid
+    (padding appended to it) are counted as prefix tokens, which shifts every tile off its
+    block, still exact, but without the bf16 accuracy that compact tiles are for; such a
+    layout should drop its ``grid_shape`` (the tasks pad inside their grids)."""
     n, device = layout.coords.shape[1], layout.coords.device
     return [torch.tensor(rows, device=device) for rows in _tile_rows(n, layout.grid_shape, edge, layout.pos_dim)]
 

@@ -28,6 +28,10 @@ Two forms, selected by ``form``:
   is lost and the cancellation happens in float32. It triples the positional channels,
   and only applies to 16-bit q/k (float32 and float64 are unchanged). Softmax total
   variation against float64 (``pe-bench bench --pape-precision``): see the README.
+  float16 (``precision: 16-mixed``) ends at 65504, and the query's offset column grows as
+  m |a| |s|^2 (1e5 at 150 x 150 positions) against its key column's 1: with float16 q/k each
+  pair of columns is first balanced by powers of two (``balanced_for_float16``), exactly,
+  so that the features stay finite at large extents.
   Frames (``frame_tile``): the split keeps the forward exact, but not training's gradients:
   the kernel's backward rounds dS and dq to 16 bits before the positional columns of dq
   combine, and those columns carry the same cancellation (``pe-bench bench
@@ -69,7 +73,7 @@ Two forms, selected by ``form``:
   shares one tensor of them. A query's cost in m is a_i's: its W_a rows and one small
   product with the outer products W_p,c W_p,c^T of W_p's rows. β_i = W_p^T W_b x_i comes
   from a (H P, D) weight folded from W_b and W_p once per call (with ``context``), so the
-  coefficient projection computes H (m + P) columns instead of 2 H m (1224 instead of 2400
+  coefficient projection computes H (m + P) columns instead of 2 H m (624 instead of 1200
   for ViT-B at m = 50, beside qkv's 2304). The same logits, in another rounding: the
   identity is exact, and the cancellation is the same (|M| |r|^2 terms down to |M| |Δr|^2),
   so the split, the frames and the bias form apply unchanged. The paper writes the
@@ -165,10 +169,28 @@ class WidenedFormOptions(EncodingOptions):
 
 def frame_coords(options: WidenedFormOptions, inputs: AttentionInputs, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """Query and key positions in the efficient form's frame: centred on this tile's queries
-    with ``frame_tile``, else on the keys."""
+    with ``frame_tile``, else on the keys; zero for tokens without a position."""
     if options.tiled:
-        return group_centred_coords(inputs, dtype)
-    return key_centred_coords(inputs, dtype)
+        r_q, r_k = group_centred_coords(inputs, dtype)
+    else:
+        r_q, r_k = key_centred_coords(inputs, dtype)
+    return positions_only(r_q, r_k, inputs)
+
+
+def positions_only(r_q: Tensor, r_k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+    """r_q and r_k with the rows of tokens without a position zeroed (the same tensor twice
+    when r_k is r_q). Their coordinates are to be ignored (``PositionLayout``), and every
+    positional term of such a token is multiplied by a zero flag: NaN * 0 is NaN, so a stray
+    non-finite coordinate of a CLS token would reach every logit through its row and column.
+    Zeroing by ``where`` keeps finite inputs' bits: where a flag is 0 the products were
+    zeros already (of either sign, which no sum of nonzero terms sees). The origin the
+    positions are centred on is base's ``masked_mean`` of the positioned tokens, which must
+    leave such tokens out by ``where`` too. The flags are those of the samples the positions
+    hold (``first_sample_if_shared``, as ``key_centred_coords``)."""
+    layouts = first_sample_if_shared(inputs)
+    q_pos = torch.where(layouts.query.has_pos.unsqueeze(-1), r_q, 0.0)
+    k_pos = q_pos if r_k is r_q else torch.where(layouts.key.has_pos.unsqueeze(-1), r_k, 0.0)
+    return q_pos, k_pos
 
 
 def frame_tiles(options: WidenedFormOptions, inputs: AttentionInputs) -> list[Tensor] | None:
@@ -181,10 +203,11 @@ def frame_tiles(options: WidenedFormOptions, inputs: AttentionInputs) -> list[Te
 
 def positioned_keys(features: Tensor, inputs: AttentionInputs) -> Tensor:
     """The keys' (B or 1, H, Nk, w) positional features with the rows of keys without a
-    position zeroed: they contribute nothing positional. The flags are those of the samples
-    the frame's positions hold: one sample when the batch shares its positions
-    (``first_sample_if_shared``, as ``key_centred_coords``)."""
-    return features * first_sample_if_shared(inputs).key.has_pos[:, None, :, None]
+    position zeroed: they contribute nothing positional. Zeroed by ``where``, not a product,
+    so that nothing non-finite in such a row survives (``positions_only``). The flags are
+    those of the samples the frame's positions hold: one sample when the batch shares its
+    positions (``first_sample_if_shared``, as ``key_centred_coords``)."""
+    return torch.where(first_sample_if_shared(inputs).key.has_pos[:, None, :, None], features, 0.0)
 
 
 class PaPEOptions(WidenedFormOptions):
@@ -234,7 +257,12 @@ def widen_heads(
     eager here, and an opaque operator where the whole model is compiled (``_rounding``).
     Concatenating and slicing are exact, so the fused form is the eager one to the bit,
     forward and backward.
+
+    float16 q/k: the feature columns are first balanced (``balanced_for_float16``), so that
+    none exceeds float16's range; bf16, float32 and float64 are left as they are.
     """
+    if q.dtype == torch.float16:
+        q_extra, k_extra = balanced_for_float16(q_extra, k_extra)
     if split and q.dtype in LOW_PRECISION:
         # The gradient passes through hi alone (rounding taken as the identity): lo = f - hi
         # has derivative 1 - 1 = 0 in f, which autograd would otherwise form as a sum of
@@ -248,6 +276,43 @@ def widen_heads(
         q_tail, k_tail = [q_extra.to(q.dtype)], [k_extra.to(k.dtype)]
     eager = lambda: _joined_pair(q, k, q_tail, k_tail, pad_to)  # noqa: E731
     return FUSED_WIDENING(eager, q, k, q_tail, k_tail, pad_to)
+
+
+#: the largest magnitude a float16 feature column keeps (``balanced_for_float16``): float16's
+#: largest number is 65504, just below 2^16, and a power of two below that leaves its hi
+#: pieces room to round up
+FLOAT16_FEATURE_LIMIT = 2.0**15
+
+
+def balanced_for_float16(q_extra: Tensor, k_extra: Tensor) -> tuple[Tensor, Tensor]:
+    """q_extra and k_extra with each pair of matching columns c scaled by 2^-e_c and 2^e_c:
+    the least power of two that brings the larger side within ``FLOAT16_FEATURE_LIMIT`` (e_c = 0,
+    nothing scaled, where both fit). Without it the float16 features overflow at large extents:
+    the query's offset column <a_i, s_i^2> - <b_i, s_i> grows as m |a| |s|^2 (about 1e5 at
+    ViT-like weights on 150 x 150 positions), while its key column is 1. Scaling by a power of
+    two is exact, and commutes with rounding to float16 (pieces that stay float16 normals), so
+    every product of the kernel, hi_q 2^-e * lo_k 2^e say, is the unscaled product to the bit,
+    and so is every gradient, which the same powers of two scale back in float32. A column pair
+    whose largest product exceeds about 2^30 cannot be balanced (both sides beyond the limit);
+    there the float32 sums have lost the parabola's cancellation anyway (positions 1e4 apart)."""
+    shift = _exponent_beyond_the_limit(k_extra) - _exponent_beyond_the_limit(q_extra)
+    return q_extra * _power_of_two(shift), k_extra * _power_of_two(-shift)
+
+
+def _exponent_beyond_the_limit(features: Tensor) -> Tensor:
+    """Per column (the last axis): the least e >= 0 with max |column| / 2^e within
+    ``FLOAT16_FEATURE_LIMIT``, as an int32 tensor. A column with a non-finite entry keeps
+    e = 0: its NaN stays in its own rows."""
+    largest = features.detach().abs().amax(dim=tuple(range(features.dim() - 1))).float()
+    largest = torch.where(largest.isfinite(), largest, 0.0)
+    return (largest / FLOAT16_FEATURE_LIMIT).clamp_min(1.0).log2().ceil().to(torch.int32)
+
+
+def _power_of_two(exponent: Tensor) -> Tensor:
+    """2^exponent as float32, written as its bits (biased exponent, zero mantissa): exact by
+    construction, where exp2 is exact only as far as each backend's implementation is. The
+    exponent is kept to float32's normal range (|e| <= 126; float16's features need far less)."""
+    return ((exponent.clamp(-126, 126) + 127) << 23).view(torch.float32)
 
 
 def _joined_pair(
@@ -283,9 +348,13 @@ def positional_bias(q_extra: Tensor, k_extra: Tensor, q: Tensor, inputs: Attenti
     the 16-bit matrix units to float32 accuracy (``_float32_product``: each number as three
     bf16 pieces, so TF32 settings do not touch them), and the sum is rounded once, to q's
     dtype, in which SDPA takes the bias; float64 ones (tests) multiply as they are, in
-    float64. The keys' pieces are cut once per attention call (``shared_by_query_chunks``)."""
+    float64. The keys' pieces are cut once per attention call (``shared_by_query_chunks``).
+    In float16, logits below -65504 (far keys at large extents) round to -inf: their softmax
+    weight, e^-65504 against the row's largest logit, is 0 in float32 too; only a row whose
+    every key is that far (cross-attention to distant keys alone) would have no weight left."""
     # the scale on the (.., N, 2m + 1) features, not on the N x N product: a pass over the
-    # smaller tensor, forward and backward (exact for a power-of-two head width)
+    # smaller tensor, forward and backward (exact where sqrt(head width) is a power of two:
+    # widths 16, 64, 256; otherwise one float32 rounding of each feature)
     scaled = q_extra / math.sqrt(q.shape[-1])
     if scaled.dtype == torch.float32:
         # position space's keys are one tensor for all heads: the product takes one per head

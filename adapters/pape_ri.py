@@ -75,7 +75,6 @@ from .base import (
     PositionEncoding,
     Principle,
     ScoreMod,
-    first_sample_if_shared,
     shared_by_query_chunks,
 )
 from .pape import (
@@ -124,18 +123,15 @@ class ParabolicRILayer(LayerEncoding):
         return alpha * inputs.query.has_pos[:, None, :, None]
 
     def _positions(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
-        """Centred query/key positions, zeroed where a token has no position: (B, N, P) each.
-
-        Zeroing (rather than multiplying) keeps stray values of CLS/padding rows out entirely.
-        """
-        # At least float32 (squares of positions), float64 when the positions are; centred on
-        # the keys, or with frame_tile on this tile's queries (pape.py's "Frames").
-        dtype = torch.promote_types(inputs.query.coords.dtype, torch.float32)
-        r_q, r_k = frame_coords(self.options, inputs, dtype)
-        layouts = first_sample_if_shared(inputs)  # the flags of r's samples: one if all share them
-        q_pos = torch.where(layouts.query.has_pos.unsqueeze(-1), r_q, 0.0)
-        k_pos = q_pos if r_k is r_q else torch.where(layouts.key.has_pos.unsqueeze(-1), r_k, 0.0)
-        return q_pos, k_pos
+        """Centred query/key positions, zeroed where a token has no position (``frame_coords``,
+        by ``where``: stray values of CLS rows stay out entirely): (B or 1, N, P) each."""
+        # At least float32 (squares of positions), float64 when the positions or the layer
+        # are (pape.py's frame_dtype: a float64 reference fed a float32 grid keeps float64
+        # features); centred on the keys, or with frame_tile on this tile's queries
+        # (pape.py's "Frames").
+        coords_dtype = torch.promote_types(inputs.query.coords.dtype, torch.float32)
+        dtype = torch.promote_types(coords_dtype, inputs.x_q.dtype)
+        return frame_coords(self.options, inputs, dtype)
 
     def query_groups(self, inputs: AttentionInputs) -> list[Tensor] | None:
         return frame_tiles(self.options, inputs)

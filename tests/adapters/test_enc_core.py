@@ -299,3 +299,14 @@ def test_grid_bias_is_built_once_for_the_batch_and_changes_nothing(name):
     per_sample = layer.bias(None, None, AttentionInputs(x_q=x, x_k=x, query=copies, key=copies))
     assert per_sample.shape[0] == 3
     torch.testing.assert_close(attn(x, shared), attn(x, copies), rtol=0, atol=0)
+
+
+def test_masked_mean_ignores_whatever_the_mask_leaves_out():
+    """NaN * 0 is NaN: the mean key position (every centred encoding's origin) must leave the
+    coordinates of tokens without a position out, not weigh them by 0."""
+    from pe_bench.adapters.base import masked_mean
+
+    coords = torch.tensor([[[1.0], [float("nan")], [3.0]], [[float("inf")], [4.0], [0.0]]])
+    mask = torch.tensor([[True, False, True], [False, True, False]])
+    assert torch.equal(masked_mean(coords, mask), torch.tensor([[[2.0]], [[4.0]]]))
+    assert torch.equal(masked_mean(coords, torch.zeros(2, 3, dtype=torch.bool)), torch.zeros(2, 1, 1))
