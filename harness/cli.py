@@ -889,7 +889,12 @@ def cmd_principles(args: argparse.Namespace) -> int:
 
     specs = None if args.methods is None else parse_methods(args.methods)
     methods = None if specs is None else [(spec.label, spec.name, dict(spec.options)) for spec in specs]
-    print(principles_table(methods).to_markdown())
+    table = principles_table(methods)
+    print(table.to_markdown())
+    broken = [name for name, row in table.iterrows() if any(str(cell).startswith("error") for cell in row)]
+    if broken:  # a build or measurement raised: the row says which exception; `pe-bench check NAME` shows it
+        print(f"error: could not measure {', '.join(map(str, broken))}; run `pe-bench check NAME`", file=sys.stderr)
+        return 1
     return 0
 
 

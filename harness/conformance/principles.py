@@ -1,23 +1,33 @@
 """The principle statistics (PaPE, Section 3), their thresholds and the per-geometry measurement.
 
-All principles are measured on the pre-softmax logits ``L`` (B, H, N, N) of the *first*
-attention layer of an encoder probe (:mod:`.probes`), computed by
+All principles are measured on the pre-softmax logits ``L`` (B, H, N, N) of *every*
+attention layer of an encoder probe (:mod:`.probes`); the worst layer counts (context
+awareness: the first layer only). The first layer's logits are computed by
 :meth:`~pe_bench.harness.blocks.TransformerEncoder.layer_logits`, i.e. on the path the
 encoder's forward takes (``prepare`` -> ``embed`` -> zeroed padding -> ``norm1`` ->
-``Attention.logits``). Only the block of logits between *positioned* tokens enters the
-statistics: a principle is a statement about f(r_i, r_j). How position-free tokens (CLS)
-are treated is checked separately by the ``cls`` protocol check (:mod:`.protocol`).
+``Attention.logits``); a later layer's by that layer's ``Attention.logits`` on the probe
+tokens directly (on the prepared layout), i.e. its own positional action. Only the block
+of logits between *positioned* tokens enters the statistics: a principle is a statement
+about f(r_i, r_j). How position-free tokens (CLS) are treated is checked separately by
+the ``cls`` protocol check (:mod:`.protocol`).
 
 Each statistic is computed for every seed in ``SEEDS`` (fresh weights, contents and
-transforms per seed) on every probe geometry the encoding supports; a principle is
-*measured* when it holds on every such geometry (:func:`holds` of the worst geometry).
+transforms per seed) on every probe geometry the encoding supports; the first seed's model
+is at initialisation, the others' encoding parameters are randomised
+(:func:`~.probes.randomise_encoding`), so that positional paths that are zero at
+initialisation are exercised. A principle is *measured* when it holds on every such
+geometry (:func:`holds` of the worst geometry).
 
 * translation-invariance: ``L`` with every position shifted by one random t versus ``L``.
   t ~ N(0, 3^2) per axis; for grid-only encodings (``requires_grid``) t is a non-zero
   integer vector in [-3, 3]^P, i.e. a shift of the grid coordinate frame.
+  A global shift cannot see an encoding that is absolute in a frame that moves with the
+  layout (its centroid), so the statistic also takes an object moved inside a fixed scene
+  (:func:`moved_object`): the logits among the object's tokens at two places, every layer.
   Statistic: max |L' - L| / max |L| over the finite entries (inf if the -inf pattern, NaN
-  or +inf entries differ), worst seed. Holds when <= ``INVARIANCE_TOL`` (1e-3): float32
-  rounding of invariant encodings stays below 1e-5, a broken invariance is O(0.1).
+  or +inf entries differ), worst of the two probes, layers and seeds. Holds when
+  <= ``INVARIANCE_TOL`` (1e-3): float32 rounding of invariant encodings stays below 1e-5,
+  a broken invariance is O(0.1).
 * rotation-invariance (P >= 2 only; SO(1) is trivial): positions rotated about their
   centroid by a random R in SO(P) (QR of a Gaussian matrix, det fixed to +1). For
   grid-only encodings (only the 2-D grid probe) R is a random non-trivial multiple of 90
@@ -206,14 +216,96 @@ def _spearman_rows(values: Tensor, distance: Tensor, flat_tol: float) -> Tensor:
 # --------------------------------------------------------------------------- statistics
 
 
+def _layers(model: TransformerEncoder) -> range:
+    """Every attention layer of the probe: each statistic is the worst over them."""
+    return range(len(model.blocks))
+
+
+def _logits(model: TransformerEncoder, x: Tensor, layout: PositionLayout, layer: int) -> Tensor:
+    """Layer 0: the logits on the encoder's path (embedding included). A later layer: ``x``
+    enters that layer's attention directly, on the prepared layout, so that its own
+    positional action is measured (what earlier layers do to position-free tokens is the
+    cls check's business, and is already measured at their own layer)."""
+    if layer == 0:
+        return model.layer_logits(x, layout)
+    return model.blocks[layer].attn.logits(x, model._input(x, layout)[1])
+
+
 def translation_invariance(
-    model: TransformerEncoder, layout: PositionLayout, idx: Tensor, gen: torch.Generator
+    model: TransformerEncoder, layout: PositionLayout, idx: Tensor, gen: torch.Generator, grid: bool = False
 ) -> float:
-    """Relative change of the positioned logits under one random translation."""
+    """Relative change of the positioned logits under one random translation of every
+    position, or of an object moved inside a fixed scene (:func:`moved_object`), whichever
+    is larger."""
     x = torch.randn(BATCH, layout.coords.shape[1], DIM, generator=gen)
     t = random_shift(layout.pos_dim, gen, grid=type(model.encoding).requires_grid)
-    ref = _pp(model.layer_logits(x, layout), idx)
-    new = _pp(model.layer_logits(x, shift(layout, t)), idx)
+    moved = shift(layout, t)
+    changes = [
+        _rel_max(_pp(_logits(model, x, moved, k), idx), _pp(_logits(model, x, layout, k), idx)) for k in _layers(model)
+    ]
+    return max(*changes, *(moved_object(model, layout, idx, gen, grid, k) for k in _layers(model)))
+
+
+def moved_object(
+    model: TransformerEncoder, layout: PositionLayout, idx: Tensor, gen: torch.Generator, grid: bool, layer: int = 0
+) -> float:
+    """Logits among the tokens of an object, placed at two places in a fixed scene.
+
+    Every other positioned token holds one background vector. On a grid the object is a
+    block of s = (size - 1) // 2 cells per axis in one corner, and its contents move to the
+    opposite corner (the layout is unchanged, so an encoding that reads token order moves
+    too); on points, a quarter of the tokens keep their contents and move by t ~ N(0, 3^2).
+    The pair logits of a pairwise-relative encoding are unchanged; one that is absolute in a
+    frame a global shift also moves (the centroid of the layout) is not. Logits that depend
+    on other tokens' contents (CoPE, SaPE²: the block's logits change when the background
+    tokens get other contents) make the comparison meaningless: such encodings score 0 here and are only
+    tested under a global shift. For ``layer`` > 0 the scene is the input of that layer's
+    attention itself (the encoder's input path only prepares the positions), so each layer's
+    own positional action is tested."""
+    n = layout.coords.shape[1]
+    coords = layout.coords[0, idx].double()
+    b = torch.randn(BATCH, 1, DIM, generator=gen).expand(-1, n, -1).clone()
+    if grid:
+        lo, size = coords.amin(0), coords.amax(0) - coords.amin(0) + 1
+        side = ((size - 1) // 2).clamp_min(1)
+        flip = torch.randint(0, 2, (layout.pos_dim,), generator=gen).bool()
+        start = torch.where(flip, lo + size - side, lo)
+        t = torch.where(flip, -(size - side), size - side)
+        inside = ((coords >= start) & (coords < start + side)).all(-1)
+        first = idx[inside]
+        target = coords[inside] + t
+        match = (coords.unsqueeze(0) == target.unsqueeze(1)).all(-1)  # (k, n)
+        second = idx[match.float().argmax(-1)]
+        moved = layout
+    else:
+        k = max(2, len(idx) // 4)
+        first = second = idx[torch.randperm(len(idx), generator=gen)[:k]]
+        t = torch.randn(layout.pos_dim, generator=gen, dtype=torch.float64) * 3.0
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[first] = True
+        shifted = layout.coords + (t.to(layout.coords.dtype) * mask.unsqueeze(-1).to(layout.coords.dtype))
+        moved = layout.with_coords(shifted)
+    content = torch.randn(BATCH, len(first), DIM, generator=gen)
+    x1, x2 = b.clone(), b.clone()
+    x1[:, first], x2[:, second] = content, content
+
+    def block(x: Tensor, lay: PositionLayout, at: Tensor) -> tuple[Tensor, Tensor]:
+        """The object's logits with this background, and with other background contents
+        (one call on a doubled batch)."""
+        other = x.clone()
+        rest = [i for i in range(n) if i not in set(at.tolist())]
+        other[:, rest] = torch.randn(BATCH, len(rest), DIM, generator=gen)
+        doubled = PositionLayout(
+            coords=torch.cat([lay.coords, lay.coords]),
+            has_pos=torch.cat([lay.has_pos, lay.has_pos]),
+            grid_shape=lay.grid_shape,
+        )
+        logits = _logits(model, torch.cat([x, other]), doubled, layer)[:, :, at][:, :, :, at]
+        return logits[:BATCH], logits[BATCH:]
+
+    (ref, ref_other), (new, new_other) = block(x1, layout, first), block(x2, moved, second)
+    if max(_rel_max(ref_other, ref), _rel_max(new_other, new)) > INVARIANCE_TOL:
+        return 0.0  # the object's logits depend on the background: not comparable
     return _rel_max(new, ref)
 
 
@@ -221,17 +313,28 @@ def rotation_invariance(model: TransformerEncoder, layout: PositionLayout, idx: 
     """Relative change of the positioned logits under one random rotation about the centroid."""
     x = torch.randn(BATCH, layout.coords.shape[1], DIM, generator=gen)
     rotation = random_rotation(layout.pos_dim, gen, grid=type(model.encoding).requires_grid)
-    ref = _pp(model.layer_logits(x, layout), idx)
-    new = _pp(model.layer_logits(x, rotate(layout, rotation)), idx)
-    return _rel_max(new, ref)
+    turned = rotate(layout, rotation)
+    return max(
+        _rel_max(_pp(_logits(model, x, turned, k), idx), _pp(_logits(model, x, layout, k), idx)) for k in _layers(model)
+    )
 
 
 def decay_and_direction(
     model: TransformerEncoder, layout: PositionLayout, idx: Tensor, gen: torch.Generator
 ) -> tuple[float, float]:
-    """(distance-decay, directionality) statistics of the identical-content logits."""
+    """(distance-decay, directionality) statistics of the identical-content logits, the
+    worst over the layers with a positional action (the largest correlation, the smallest
+    asymmetry)."""
     content = torch.randn(BATCH, 1, DIM, generator=gen).expand(-1, layout.coords.shape[1], -1)
-    a = _pp(model.layer_logits(content, layout), idx).double()  # (B, H, n, n)
+    per_layer = [_decay_and_direction(_logits(model, content, layout, k), layout, idx) for k in _layers(model)]
+    # A later layer whose identical-content logits are flat has no positional action of its
+    # own (an absolute embedding acts at the input only): it is left out.
+    acting = [stats for k, (*stats, flat) in enumerate(per_layer) if k == 0 or not flat]
+    return max(rho for rho, _ in acting), min(ratio for _, ratio in acting)
+
+
+def _decay_and_direction(logits: Tensor, layout: PositionLayout, idx: Tensor) -> tuple[float, float, bool]:
+    a = _pp(logits, idx).double()  # (B, H, n, n)
     coords = layout.coords[:, idx].double()
     dist2 = (coords.unsqueeze(2) - coords.unsqueeze(1)).square().sum(-1)  # (B, n, n), exact ties on grids
     if torch.isnan(a).any() or (a == float("inf")).any():
@@ -250,7 +353,10 @@ def decay_and_direction(
     ratio = torch.where(spread > 1e-5 * max(scale, 1e-30), asym / spread.clamp_min(1e-300), torch.zeros_like(asym))
     mask_asym = (finite != finite.transpose(-1, -2)).any(-1).any(-1)
     ratio = torch.where(mask_asym, torch.full_like(ratio, 2.0), ratio)
-    return rho, ratio.mean().item()
+    big = torch.finfo(a.dtype).max
+    spread_all = torch.where(finite, a, -big).amax((-1, -2)) - torch.where(finite, a, big).amin((-1, -2))
+    flat = bool((spread_all <= 1e-5 * scale).all()) if finite.any() else True  # constant per sample and head
+    return rho, ratio.mean().item(), flat
 
 
 def context_awareness(model: TransformerEncoder, layout: PositionLayout, idx: Tensor, gen: torch.Generator) -> float:
@@ -373,16 +479,18 @@ def measure_principles(
     stats: dict[Principle, list[float]] = {p: [] for p in Principle}
     errors: dict[Principle, str] = {}
     fused_note = ""
-    first: TransformerEncoder | None = None
-    for seed in seeds:
-        model = build_model(cls, probe, options, seed)
-        first = first or model
+    for n, seed in enumerate(seeds):
+        # The first seed at initialisation, the others with randomised encoding parameters.
+        model = build_model(cls, probe, options, seed, randomise=n > 0)
         gen = torch.Generator().manual_seed(1000 + seed)
         layout = probe.layout(BATCH, gen)
         idx = layout.has_pos[0].nonzero().squeeze(-1)
         with torch.no_grad():
             tasks: list[tuple[Principle, Callable[[], Any]]] = [
-                (Principle.TRANSLATION_INVARIANCE, partial(translation_invariance, model, layout, idx, gen)),
+                (
+                    Principle.TRANSLATION_INVARIANCE,
+                    partial(translation_invariance, model, layout, idx, gen, probe.grid is not None),
+                ),
                 (Principle.DISTANCE_DECAY, partial(decay_and_direction, model, layout, idx, gen)),
                 (Principle.CONTEXT_AWARENESS, partial(context_awareness, model, layout, idx, gen)),
             ]
@@ -399,7 +507,9 @@ def measure_principles(
                     stats[Principle.DIRECTIONALITY].append(value[1])
                 else:
                     stats[principle].append(value)
-    model = first if first is not None else build_model(cls, probe, options, SEEDS[0])
+    # The fused-kernel statistic and the protocol checks run on the first seed's model
+    # with randomised encoding parameters.
+    model = build_model(cls, probe, options, seeds[0] if seeds else SEEDS[0], randomise=True)
     gen = torch.Generator().manual_seed(2024)
     layout = probe.layout(BATCH, gen)
     value, err = run_safely(lambda: fused_kernel(model, layout, gen))

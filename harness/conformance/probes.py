@@ -65,6 +65,7 @@ __all__ = [
     "make_attention",
     "plain_copy",
     "random_layout",
+    "randomise_encoding",
     "random_rotation",
     "random_shift",
     "rotate",
@@ -152,19 +153,42 @@ PROBES: tuple[Probe, ...] = (
 
 
 def build_model(
-    cls: type[PositionEncoding], probe: Probe, options: Mapping[str, Any] | EncodingOptions | None, seed: int
+    cls: type[PositionEncoding],
+    probe: Probe,
+    options: Mapping[str, Any] | EncodingOptions | None,
+    seed: int,
+    randomise: bool = False,
 ) -> TransformerEncoder:
     """The encoder probe of ``cls`` for ``probe``'s geometry, weights seeded by ``seed``, in eval mode.
 
     Seeds the global torch generator (the caller forks it): encodings draw their
-    initialisation from it.
+    initialisation from it. With ``randomise`` every trainable floating-point parameter of
+    the encoding (model level and per layer) then gets p + N(0, s^2), s = max(0.1, std p),
+    so that positional paths that are zero or tiny at initialisation (a zero-initialised
+    projection, Cayley-STRING's S = 0) are exercised.
     """
     torch.manual_seed(seed)
     if not isinstance(options, EncodingOptions):
         options = cls.Options(**dict(options or {}))
     encoding = cls(geometry=probe.geometry, dim=DIM, num_heads=HEADS, depth=DEPTH, options=options)
     model = TransformerEncoder(DIM, DEPTH, HEADS, encoding, mlp_ratio=2.0)
+    if randomise:
+        randomise_encoding(model, seed)
     return model.eval()
+
+
+def randomise_encoding(model: TransformerEncoder, seed: int) -> None:
+    """Perturb every trainable floating-point encoding parameter: p + N(0, max(0.1, std p)^2)."""
+    params = {id(p): p for p in model.encoding.parameters()}
+    for block in model.blocks:
+        if block.attn.encoding is not None:
+            params.update((id(p), p) for p in block.attn.encoding.parameters())
+    gen = torch.Generator().manual_seed(500 + seed)
+    with torch.no_grad():
+        for p in params.values():
+            if p.is_floating_point() and p.requires_grad:
+                scale = max(0.1, p.float().std().item() if p.numel() > 1 else 0.0)
+                p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
 
 
 def run_safely(fn: Callable[[], Any]) -> tuple[Any, str | None]:

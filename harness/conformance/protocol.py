@@ -1,8 +1,14 @@
 """The protocol checks every encoding must pass, on every probe geometry it supports.
 
-They run on the encoder probe the principle statistics used (:mod:`.probes`, first seed).
+They run on the first seed's encoder probe (:mod:`.probes`) with its encoding parameters
+randomised (:func:`~.probes.randomise_encoding`), as the fused-kernel statistic does.
 Outputs are compared with max |a - b| <= ``PROTOCOL_TOL`` (1e-4) * max(1, max |b|).
 
+* token order: the positioned tokens are permuted (one random permutation), together with
+  their coordinates and has_pos, position-free tokens staying in place; the outputs of the
+  depth-2 encoder in eval mode must be the permuted outputs. Positions come from
+  ``layout.coords``, so an encoding that reads token order instead (a table indexed by
+  token index, a bias by index) fails.
 * padding: 3 padding tokens (valid False, content ~ N(0, 10^2), positions ~ N(0, 50^2),
   has_pos True) appended after the real tokens (after the grid on grid geometries, with
   the layout's grid_shape unchanged); the real tokens' outputs of the depth-2 encoder in
@@ -108,6 +114,30 @@ def encoding_parameters(model: TransformerEncoder) -> dict[str, torch.nn.Paramet
             for name, p in layer.named_parameters():
                 params.setdefault(id(p), (f"layer{i}.{name}", p))
     return dict(params.values())
+
+
+def check_token_order(model: TransformerEncoder, layout: PositionLayout, gen: torch.Generator) -> Outcome:
+    n = layout.coords.shape[1]
+    x = torch.randn(BATCH, n, DIM, generator=gen)
+    pos = layout.has_pos[0].nonzero().squeeze(-1)
+    order = torch.arange(n)
+    order[pos] = pos[torch.randperm(len(pos), generator=gen)]
+    permuted = PositionLayout(
+        coords=layout.coords[:, order].clone(),
+        has_pos=layout.has_pos[:, order].clone(),
+        valid=None if layout.valid is None else layout.valid[:, order].clone(),
+        grid_shape=layout.grid_shape,
+    )
+    with torch.no_grad():
+        ref = model(x, layout)[:, order]
+        out = model(x[:, order], permuted)
+    ok, diff = _close(out, ref)
+    if not ok:
+        return (
+            f"permuting the tokens together with their coordinates changes the outputs by {diff:.3g} "
+            "beyond permuting them: the encoding reads token order, not layout.coords"
+        ), ""
+    return None, f"outputs permute with the tokens and their coordinates ({diff:.2g})"
 
 
 def check_padding(model: TransformerEncoder, layout: PositionLayout, gen: torch.Generator) -> Outcome:
@@ -307,7 +337,10 @@ def run_checks(model: TransformerEncoder, probe: Probe, translation_invariant: b
     """
     gen = torch.Generator().manual_seed(7)
     layout = probe.layout(BATCH, gen)
-    checks: list[tuple[str, Callable[[], Outcome]]] = [("padding", partial(check_padding, model, layout, gen))]
+    checks: list[tuple[str, Callable[[], Outcome]]] = [
+        ("token order", partial(check_token_order, model, layout, gen)),
+        ("padding", partial(check_padding, model, layout, gen)),
+    ]
     if probe.geometry.num_prefix_tokens:
         checks.append(("cls", partial(check_cls, model, layout, translation_invariant, gen)))
     checks += [

@@ -3,9 +3,18 @@
 For every probe geometry the encoding supports (:mod:`.probes`), :func:`measure` computes
 the principle statistics (:mod:`.principles`) and then runs the protocol checks
 (:mod:`.protocol`) on the first seed's model. A geometry the encoding declines
-(``unsupported_reason`` or ``NotApplicableError`` at build) is listed as n/a; a crash at
-build or during measurement fails the report. A claimed principle must be measured on every
-supported geometry; an unclaimed one may or may not hold.
+(``unsupported_reason`` or ``NotApplicableError`` at build) is listed as n/a. A claimed
+principle must be measured on every supported geometry; an unclaimed one may or may not
+hold. The verdict (:attr:`Report.verdict`) is one of
+
+* ERROR: a build or a measurement raised (named in the report; every cell of the
+  principles table reads "error (ExceptionType)"), never a pass;
+* NOT CHECKED: no probe geometry applies, so nothing was measured, never a pass;
+* FAIL: a claimed principle is not measured, or a protocol check failed;
+* PASS: otherwise. ``Report.passed`` is True for PASS only (``pe-bench check`` exits 1
+  otherwise).
+
+When no instance could be built, the declaration is the class's ``principles``.
 """
 
 from __future__ import annotations
@@ -72,6 +81,23 @@ class Report:
     def applicable(self) -> bool:
         return bool(self.geometries)
 
+    @property
+    def errors(self) -> list[str]:
+        """Builds or measurements that raised, as "stage @ geometry: Exception: message"."""
+        return [
+            f"{c.name} @ {c.geometry}: {c.message}" for c in self.checks if c.name in _ERROR_STAGES and not c.passed
+        ]
+
+    @property
+    def verdict(self) -> str:
+        """ "ERROR" (a build or measurement raised), "NOT CHECKED" (no probe geometry applies),
+        "FAIL" or "PASS"."""
+        if self.errors:
+            return "ERROR"
+        if not self.applicable:
+            return "NOT CHECKED"
+        return "FAIL" if self.failures() else "PASS"
+
     def principle_failures(self) -> list[str]:
         out = []
         for r in self.principles.values():
@@ -88,23 +114,31 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        return not self.failures()
+        """Only a report that measured something on at least one geometry can pass."""
+        return self.verdict == "PASS"
 
     def cells(self) -> dict[str, str]:
+        if self.errors:
+            kinds = sorted(
+                {c.message.split(":", 1)[0] for c in self.checks if c.name in _ERROR_STAGES and not c.passed}
+            )
+            return {p.value: f"error ({', '.join(kinds)})" for p in Principle}
         if not self.applicable:
             return {p.value: "n/a" for p in Principle}
         return {p.value: self.principles[p].cell for p in Principle}
 
     def format(self) -> str:
         opts = f" {json.dumps(self.options, sort_keys=True, default=str)}" if self.options else ""
-        verdict = "PASS" if self.passed else "FAIL"
-        lines = [f"Conformance of {self.encoding!r}{opts}: {verdict} ({self.seconds:.1f} s)"]
+        lines = [f"Conformance of {self.encoding!r}{opts}: {self.verdict} ({self.seconds:.1f} s)"]
+        for err in self.errors:
+            lines.append(f"  error: {err}")
         for probe in PROBES:
             if probe.key in self.geometries:
                 lines.append(f"  geometry {probe.key}: {probe.description}")
             elif probe.key in self.not_applicable:
                 lines.append(f"  geometry {probe.key}: n/a ({self.not_applicable[probe.key]})")
         if not self.applicable:
+            lines.append("  not checked: no probe geometry applies to this encoding, so nothing was measured")
             return "\n".join(lines)
         lines.append("")
         lines.append(f"  {'principle':<24}{'claimed':<9}{'measured':<10}{'ok':<4}statistic (criterion)")
@@ -137,6 +171,7 @@ def _options_key(options: Mapping[str, Any] | EncodingOptions | None) -> tuple[d
 
 
 _CACHE: dict[tuple[str, str], Report] = {}
+_ERROR_STAGES = ("build", "measure")
 
 
 def clear_cache() -> None:
@@ -208,6 +243,14 @@ def measure(
                 for p, (value, note) in results.items():
                     if value is None:
                         crashed[p] = True
+                        report.checks.append(
+                            CheckResult(
+                                "measure",
+                                probe.key,
+                                False,
+                                f"{note.removeprefix(probe.key + ': ')} (measuring {p.value})",
+                            )
+                        )
                     else:
                         per_geometry[p][probe.key] = value
                     if note:
@@ -215,7 +258,8 @@ def measure(
     finally:
         torch.set_num_threads(threads)
 
-    declared = declared or frozenset()
+    if declared is None:  # nothing could be built: fall back on the class's declaration
+        declared = frozenset(getattr(cls, "principles", frozenset()))
     for p in Principle:
         values = per_geometry[p]
         if crashed[p]:

@@ -54,16 +54,18 @@ def _widened_channels(extra: int, pad_to: int, split: bool) -> int:
     return width + (-width % pad_to)
 
 
-def _widened_flops(extra: int, options: dict, pairs: int, bf16: bool) -> float:
+def _widened_flops(extra: int, options: dict, pairs: int, bf16: bool, v_padded: bool) -> float:
     """FLOPs of PaPE's (or PaPE-RI's) ``extra`` positional channels over ``pairs`` (query, key)
     pairs: in q.k, widened (split 3x in bf16 and padded), or with ``low_precision: bias`` in
     bf16 as a float32-accurate product of six bf16 piece products per channel
-    (adapters/_float32_product.py: 12 per channel and pair, unpadded) plus the bias's add."""
+    (adapters/_float32_product.py: 12 per channel and pair, unpadded) plus the bias's add.
+    ``v_padded`` (off CUDA): the CPU kernels take v as wide as q and k, so P.V runs over the
+    widened channels too (until stop 61 left out: CPU bounds 3 % low at ViT-B, 18 % on tiny)."""
     low_precision = options.get("low_precision", "split")
     if bf16 and low_precision == "bias":
         return pairs * (12.0 * extra + 1)
     split = bf16 and low_precision == "split"
-    return pairs * 2.0 * _widened_channels(extra, int(options.get("pad_to", 8)), split)
+    return pairs * 2.0 * _widened_channels(extra, int(options.get("pad_to", 8)), split) * (2 if v_padded else 1)
 
 
 def encoding_flops(
@@ -113,6 +115,7 @@ def encoding_flops(
     e, p = d // h, pos_dim
     pairs = layers * h * n * n
     side = math.isqrt(max(n - 1, 1))
+    v_padded = torch.device(device).type != "cuda"  # CUDA's SDPA takes v narrower than q and k
     if parsed.name == "nopos":
         return 0.0
     if parsed.name in ("sincos", "abspos", "cape", "wepe"):
@@ -144,15 +147,17 @@ def encoding_flops(
             coefficients = layers * (2.0 * n * d * h * (m + p) + 2.0 * n * h * m * (t + p * p) + 8.0 * n * h * p * p)
             if pape_options.form == "explicit":  # per pair: P differences, T products, T + P multiply-adds
                 return coefficients + pairs * (3.0 * t + 3 * p + 2)
-            return coefficients + _widened_flops(feature_widths(pape_options, p)["position"], options, pairs, bf16)
+            widths = feature_widths(pape_options, p)["position"]
+            return coefficients + _widened_flops(widths, options, pairs, bf16, v_padded)
         if pape_options.form == "explicit":
             return projections + pairs * (5.0 * m + 2)
-        return projections + _widened_flops(feature_widths(pape_options, p)["projected"], options, pairs, bf16)
+        widths = feature_widths(pape_options, p)["projected"]
+        return projections + _widened_flops(widths, options, pairs, bf16, v_padded)
     if parsed.name == "pape-ri":
         projections = layers * 2.0 * n * d * h
         if options.get("form", "efficient") == "explicit":
             return projections + pairs * (3.0 * p + 4)
-        return projections + _widened_flops(p + 2, options, pairs, bf16)
+        return projections + _widened_flops(p + 2, options, pairs, bf16, v_padded)
     return None
 
 

@@ -4,6 +4,7 @@ catches broken encodings. Definitions and thresholds: pe_bench.harness.conforman
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,6 +53,8 @@ def test_principles_table_covers_the_registry() -> None:
         f"claimed {a} (measured {b})" for a, b in (("✓", "✗"), ("✗", "✓"))
     }
     assert set(table.to_numpy().ravel()) <= allowed
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert table.to_markdown() in readme, "README's principles table is not `pe-bench principles`'s output: paste it"
 
 
 def test_report_is_readable() -> None:
@@ -253,3 +256,133 @@ def test_suite_catches_a_basis_applied_twice_when_folded() -> None:
     failing = {c.geometry for c in report.checks if c.name == "qk basis" and not c.passed}
     assert failing == {probe.key for probe in PROBES}, report.format()
     assert all("folding qk_basis" in c.message for c in report.checks if c.name == "qk basis")
+
+
+# --------------------------------------------------------------------------- audit findings
+
+
+class OnlyFourD(PositionEncoding):
+    """Supports none of the probe geometries, and is plainly absolute."""
+
+    name = "broken-only-4d"
+    pos_dims = frozenset({4})
+    principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.FUSED_KERNEL})
+
+    def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        return x + layout.coords.sum(-1, keepdim=True)
+
+
+class CrashesAtBuild(PositionEncoding):
+    name = "broken-build"
+    principles = frozenset({Principle.FUSED_KERNEL})
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        raise ZeroDivisionError("float division by zero")
+
+
+def test_no_applicable_geometry_is_not_checked_and_does_not_pass() -> None:
+    report = measure(OnlyFourD)
+    assert report.verdict == "NOT CHECKED" and not report.passed
+    assert "NOT CHECKED" in report.format()
+    assert report.principles[Principle.FUSED_KERNEL].declared  # the class's declaration
+
+
+def test_build_crash_is_an_error_naming_the_exception() -> None:
+    report = measure(CrashesAtBuild)
+    assert report.verdict == "ERROR" and not report.passed
+    assert "ZeroDivisionError" in report.format().splitlines()[1]
+    assert set(report.cells().values()) == {"error (ZeroDivisionError)"}
+    assert report.principles[Principle.FUSED_KERNEL].declared
+
+
+class CentredSinCos(PositionEncoding):
+    """Absolute sinusoids of the positions minus their centroid: a global shift cannot see it."""
+
+    name = "broken-centred-sincos"
+    principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.FUSED_KERNEL})
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.register_buffer("f", torch.arange(1, self.dim + 1).float() / self.dim * 3, persistent=False)
+
+    def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        positioned = layout.has_pos.unsqueeze(-1).to(layout.coords.dtype)
+        centre = (layout.coords * positioned).sum(1, keepdim=True) / positioned.sum(1, keepdim=True)
+        phase = (layout.coords - centre).sum(-1, keepdim=True) * self.f
+        return x + torch.sin(phase) * positioned
+
+
+def test_suite_catches_absolute_positions_in_the_centred_frame() -> None:
+    result = measure(CentredSinCos).principles[Principle.TRANSLATION_INVARIANCE]
+    assert result.declared and result.measured is False and result.statistic > 0.1
+
+
+class IndexTable(PositionEncoding):
+    """A ViT-style table indexed by token order, ignoring the coordinates."""
+
+    name = "broken-index-table"
+    principles = frozenset({Principle.FUSED_KERNEL})
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.table = nn.Parameter(torch.randn(128, self.dim) * 0.5)
+
+    def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        return x + self.table[: x.shape[1]] * layout.has_pos.unsqueeze(-1)
+
+
+def test_suite_catches_token_order_instead_of_coordinates() -> None:
+    report = measure(IndexTable)
+    failing = {c.geometry for c in report.checks if c.name == "token order" and not c.passed}
+    assert failing == {probe.key for probe in PROBES}
+    assert "reads token order" in report.format()
+
+
+class GaussianBias(LayerEncoding):
+    """-w |d|^2, plus (``directional``) a linear term in d, which is not rotation invariant."""
+
+    def __init__(self, heads: int, directional: bool) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.full((heads,), 0.3))
+        self.d = nn.Parameter(torch.randn(heads, 3)) if directional else None
+
+    def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        delta = inputs.key.coords[:, None, :, :] - inputs.query.coords[:, :, None, :]
+        pair = (inputs.query.has_pos[:, :, None] & inputs.key.has_pos[:, None, :])[:, None]
+        out = -self.w[None, :, None, None] * delta.square().sum(-1)[:, None]
+        if self.d is not None:
+            out = out + torch.einsum("bijp,hp->bhij", delta, self.d[:, : delta.shape[-1]])
+        return torch.where(pair, out, torch.zeros_like(out))
+
+
+class DirectionalInLayerOne(PositionEncoding):
+    name = "broken-layer1"
+    principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.ROTATION_INVARIANCE})
+
+    def make_layer(self, layer_index: int) -> LayerEncoding:
+        return GaussianBias(self.num_heads, directional=layer_index >= 1)
+
+
+def test_suite_measures_every_layer() -> None:
+    result = measure(DirectionalInLayerOne).principles[Principle.ROTATION_INVARIANCE]
+    assert result.declared and result.measured is False and result.statistic > 0.1
+
+
+class ZeroInitAbsolute(PositionEncoding):
+    """A learned absolute projection of the coordinates, zero at initialisation."""
+
+    name = "broken-zero-init"
+    principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.FUSED_KERNEL})
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.proj = nn.Parameter(torch.zeros(self.geometry.pos_dim, self.dim))
+
+    def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        return x + torch.sin(layout.coords @ self.proj) * layout.has_pos.unsqueeze(-1)
+
+
+def test_suite_randomises_the_encoding_parameters() -> None:
+    result = measure(ZeroInitAbsolute).principles[Principle.TRANSLATION_INVARIANCE]
+    assert result.declared and result.measured is False and result.statistic > 1e-2
