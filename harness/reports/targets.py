@@ -113,6 +113,12 @@ CUDA_CHANGES = (
     Change("083754a", "2026-11-29T01:59:46+00:00", 58, "the fused widening", (*_PAPES, "pape-ri")),
     Change("b0aea53", "2026-11-29T04:20:12+00:00", 59, "position-only inputs once per forward", ("sape2",)),
     Change("d6d0a96", "2026-11-29T04:23:25+00:00", 59, "two passes fewer over the bias", ("lookhere",)),
+    Change("5b9c1a6", "2026-12-01T22:07:07+00:00", 61, "angles in float32 under autocast", ("rope-mixed", *_STRINGS)),
+    Change("5b9c1a6", "2026-12-01T22:07:07+00:00", 61, "phases in float32, the stream in bf16", ("sincos", "cape")),
+    Change(
+        "d595157", "2026-12-01T22:41:46+00:00", 61, "position-free tokens left out by where",
+        ("rope", "rope-mixed", *_STRINGS, *_PAPES, "pape-ri", "cape"),
+    ),  # fmt: skip
 )
 
 #: the code of the second GPU run (d05085a): ``CUDA_CHANGES`` lists what changed after it
