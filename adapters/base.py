@@ -22,6 +22,7 @@ the attention core then calls the fused SDPA kernel with at most a key-padding m
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Hashable
@@ -536,11 +537,17 @@ def key_centred_layouts(inputs: AttentionInputs, dtype: torch.dtype) -> tuple[Po
     return query, key
 
 
+def at_least_float32(*dtypes: torch.dtype) -> torch.dtype:
+    """The widest of ``dtypes`` and float32: the dtype of positional arithmetic (squares of
+    positions, phases of tens of radians), which 16 bits would round away."""
+    return functools.reduce(torch.promote_types, dtypes, torch.float32)
+
+
 def sinusoid_features(coords: Tensor, frequencies: Tensor) -> Tensor:
     """cos/sin of coords projected on frequency vectors: (..., P), (F, P) -> (..., 2F), in
     float32 or wider under autocast too: autocast runs a matmul in 16 bits, and phases of
     hundreds of radians (CAPE on speech: seconds x 30) would keep no digit of their fraction."""
-    dtype = torch.promote_types(torch.promote_types(coords.dtype, frequencies.dtype), torch.float32)
+    dtype = at_least_float32(coords.dtype, frequencies.dtype)
     with torch.autocast(coords.device.type, enabled=False):
         phase = coords.to(dtype) @ frequencies.to(dtype).T
     return torch.cat([torch.cos(phase), torch.sin(phase)], dim=-1)

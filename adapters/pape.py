@@ -125,6 +125,7 @@ from .base import (
     PositionEncoding,
     Principle,
     ScoreMod,
+    at_least_float32,
     first_sample_if_shared,
     grid_tiles,
     group_centred_coords,
@@ -165,6 +166,13 @@ class WidenedFormOptions(EncodingOptions):
     @property
     def tiled(self) -> bool:
         return self.frame_tile is not None and self.form == "efficient"
+
+
+def frame_dtype(inputs: AttentionInputs) -> torch.dtype:
+    """The frames' dtype: at least float32 (bf16 would ruin the s_i^2 + s_j^2 - 2 s_i s_j
+    cancellation), float64 when the positions or the layer are (a float64 reference fed a
+    float32 grid keeps float64 features)."""
+    return at_least_float32(inputs.query.coords.dtype, inputs.x_q.dtype)
 
 
 def frame_coords(options: WidenedFormOptions, inputs: AttentionInputs, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -445,10 +453,6 @@ class ParabolicLayer(LayerEncoding):
         else:
             self.ab = nn.Parameter(torch.empty(n_coef, num_heads, self.m).uniform_(-1.0, 1.0))
 
-    def frame_dtype(self, inputs: AttentionInputs) -> torch.dtype:
-        """At least float32 (bf16 would ruin the s_i^2 + s_j^2 - 2 s_i s_j cancellation), float64 if asked."""
-        return torch.promote_types(torch.promote_types(inputs.query.coords.dtype, torch.float32), inputs.x_q.dtype)
-
     def project(self, coords: Tensor) -> Tensor:
         """(B, N, P) -> s = W_p r: (B, H, N, m), in ``coords``' dtype even under autocast
         (which would otherwise run the einsum as a bf16 matmul)."""
@@ -476,7 +480,7 @@ class ParabolicLayer(LayerEncoding):
     def _frame(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         """Projected query and key positions in a shared frame: centred on the keys, or with
         ``frame_tile`` on this tile's queries (``inputs`` then holds one tile's queries)."""
-        r_q, r_k = frame_coords(self.options, inputs, self.frame_dtype(inputs))
+        r_q, r_k = frame_coords(self.options, inputs, frame_dtype(inputs))
         s_q = self.project(r_q)
         if r_k is r_q:
             return s_q, s_q
@@ -641,7 +645,7 @@ class ParabolicLayer(LayerEncoding):
         with ``whole`` the whole M_i (B, H, Nq, P, P) (else None), and β_i (B, H, Nq, P);
         M_i's parts are None without the quadratic term, β_i without the linear one.
         S_ij = sum_t tri_i,t Δr_p Δr_q + <β_i, Δr>."""
-        dtype = self.frame_dtype(inputs)
+        dtype = frame_dtype(inputs)
         r_q, r_k = frame_coords(self.options, inputs, dtype)
         w_p = self._projection(dtype, r_q.device)  # (H, m, P)
         m_coefficients, beta = self._position_space_coefficients(inputs, dtype, w_p, whole)

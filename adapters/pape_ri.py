@@ -80,6 +80,7 @@ from .base import (
 from .pape import (
     WidenedFormOptions,
     frame_coords,
+    frame_dtype,
     frame_tiles,
     pape_bias_elements,
     positional_bias,
@@ -125,13 +126,9 @@ class ParabolicRILayer(LayerEncoding):
     def _positions(self, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         """Centred query/key positions, zeroed where a token has no position (``frame_coords``,
         by ``where``: stray values of CLS rows stay out entirely): (B or 1, N, P) each."""
-        # At least float32 (squares of positions), float64 when the positions or the layer
-        # are (pape.py's frame_dtype: a float64 reference fed a float32 grid keeps float64
-        # features); centred on the keys, or with frame_tile on this tile's queries
-        # (pape.py's "Frames").
-        coords_dtype = torch.promote_types(inputs.query.coords.dtype, torch.float32)
-        dtype = torch.promote_types(coords_dtype, inputs.x_q.dtype)
-        return frame_coords(self.options, inputs, dtype)
+        # In PaPE's frame dtype; centred on the keys, or with frame_tile on this tile's
+        # queries (pape.py's "Frames").
+        return frame_coords(self.options, inputs, frame_dtype(inputs))
 
     def query_groups(self, inputs: AttentionInputs) -> list[Tensor] | None:
         return frame_tiles(self.options, inputs)

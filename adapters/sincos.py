@@ -13,7 +13,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from .base import EncodingOptions, PositionEncoding, PositionLayout, Principle, geometric_frequencies
+from .base import EncodingOptions, PositionEncoding, PositionLayout, Principle, at_least_float32, geometric_frequencies
 from .registry import register
 
 
@@ -45,6 +45,6 @@ class NDSinCos(PositionEncoding):
         # cast to the activations' dtype: rounding positions to bf16 first merged 256 and 257
         # (speech frames, translation tokens) and kept 8 bits of a metre or a second; adding a
         # float32 embedding to bf16 activations also made this encoding's residual stream float32.
-        dtype = torch.promote_types(torch.promote_types(layout.coords.dtype, x.dtype), torch.float32)
+        dtype = at_least_float32(layout.coords.dtype, x.dtype)
         emb = self.features(layout.coords.to(dtype)) * layout.has_pos.unsqueeze(-1).to(dtype)
         return torch.cat([x[..., : emb.shape[-1]] + emb.to(x.dtype), x[..., emb.shape[-1] :]], dim=-1)
