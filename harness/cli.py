@@ -435,9 +435,10 @@ def cmd_table(args: argparse.Namespace) -> int:
     if len(folders) > 1 or args.tasks:
         return _print_merged_tables(folders, args)
     out = folders[0]
-    print(tables.write_tables(out, args.ci, args.significance, args.alpha, args.spread_limit))
+    results = tables.load_results(out)  # every config.yaml read once, for the matrix and the tasks' tables
+    print(tables.write_tables(out, args.ci, args.significance, args.alpha, args.spread_limit, results))
     written = ["table.md", "table.tex", "table.csv"]
-    for text in tables.write_extra_tables(out):
+    for text in tables.write_extra_tables(out, results):
         print(f"\n{text}")
     if args.paper:
         from pe_bench.harness.reports.papers import comparison_stem, write_comparison

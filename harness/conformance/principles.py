@@ -293,7 +293,8 @@ def moved_object(
         """The object's logits with this background, and with other background contents
         (one call on a doubled batch)."""
         other = x.clone()
-        rest = [i for i in range(n) if i not in set(at.tolist())]
+        inside = set(at.tolist())
+        rest = [i for i in range(n) if i not in inside]
         other[:, rest] = torch.randn(BATCH, len(rest), DIM, generator=gen)
         doubled = PositionLayout(
             coords=torch.cat([lay.coords, lay.coords]),

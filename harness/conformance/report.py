@@ -82,11 +82,14 @@ class Report:
         return bool(self.geometries)
 
     @property
+    def raised(self) -> list[CheckResult]:
+        """The builds or measurements that raised (their message: "Exception: message")."""
+        return [c for c in self.checks if c.name in _ERROR_STAGES and not c.passed]
+
+    @property
     def errors(self) -> list[str]:
         """Builds or measurements that raised, as "stage @ geometry: Exception: message"."""
-        return [
-            f"{c.name} @ {c.geometry}: {c.message}" for c in self.checks if c.name in _ERROR_STAGES and not c.passed
-        ]
+        return [f"{c.name} @ {c.geometry}: {c.message}" for c in self.raised]
 
     @property
     def verdict(self) -> str:
@@ -118,10 +121,8 @@ class Report:
         return self.verdict == "PASS"
 
     def cells(self) -> dict[str, str]:
-        if self.errors:
-            kinds = sorted(
-                {c.message.split(":", 1)[0] for c in self.checks if c.name in _ERROR_STAGES and not c.passed}
-            )
+        if self.raised:
+            kinds = sorted({c.message.split(":", 1)[0] for c in self.raised})
             return {p.value: f"error ({', '.join(kinds)})" for p in Principle}
         if not self.applicable:
             return {p.value: "n/a" for p in Principle}

@@ -34,7 +34,6 @@ What a table guarantees:
 from __future__ import annotations
 
 import difflib
-import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -245,10 +244,10 @@ def check_configs(results: StoredResults) -> ConfigCheck:
     outliers: dict[CellKey, list[str]] = defaultdict(list)
     ties = []
     for task, cells in by_task.items():
-        counts = Counter(_fingerprint(task, tree) for _, tree in cells)
-        common = counts.most_common()  # equal counts keep the order first found
+        prints = [_fingerprint(task, tree) for _, tree in cells]
+        common = Counter(prints).most_common()  # equal counts keep the order first found
         tied = len(common) > 1 and common[0][1] == common[1][1]
-        members = [(key, tree) for key, tree in cells if _fingerprint(task, tree) == common[0][0]]
+        members = [cell for cell, mark in zip(cells, prints, strict=True) if mark == common[0][0]]
         reference = _without_effective(members[0][1])
         for key, tree in cells:
             outliers[key] += config_differences(task, _without_effective(tree), reference)
@@ -271,9 +270,11 @@ def _effective_outliers(
     bf16 compiled GPU seeds) whenever the reference was such an older cell. Also whether a
     key's most common value was tied."""
     values: dict[str, Counter] = defaultdict(Counter)
+    shown: dict[str, Any] = {}  # canonical text -> a value that has it, for the footnote
     for _, tree in members:
-        for key, value in result_keys({EFFECTIVE: tree.get(EFFECTIVE) or {}}).items():
+        for key, value in _effective_keys(tree).items():
             values[key][canonical(value)] += 1
+            shown.setdefault(canonical(value), value)
     tied = False
     majority = {}
     for key, counter in values.items():
@@ -282,10 +283,15 @@ def _effective_outliers(
         majority[key] = ranked_values[0][0]
     outliers: dict[CellKey, list[str]] = defaultdict(list)
     for cell, tree in cells:
-        for key, value in result_keys({EFFECTIVE: tree.get(EFFECTIVE) or {}}).items():
+        for key, value in _effective_keys(tree).items():
             if key in majority and canonical(value) != majority[key]:
-                outliers[cell].append(f"{key}={_show(value)} (others: {_show(json.loads(majority[key]))})")
+                outliers[cell].append(f"{key}={_show(value)} (others: {_show(shown[majority[key]])})")
     return outliers, tied
+
+
+def _effective_keys(tree: dict[str, Any]) -> dict[str, Any]:
+    """The ``effective.*`` keys a cell's configuration records (none for a cell stored before)."""
+    return result_keys({EFFECTIVE: tree.get(EFFECTIVE) or {}})
 
 
 # --- one row per (task, method) ------------------------------------------------------------
@@ -335,18 +341,23 @@ def summary(
     return frame
 
 
+def _scored(record: store.CellRecord) -> bool:
+    """A finished seed: status ok with a finite score. A non-finite one (a record of an older
+    version, which stored one) is none: counted, pandas' mean and std would skip it while the
+    cell read complete; it counts as diverged."""
+    return record.status == store.STATUS_OK and record.score is not None and math.isfinite(record.score)
+
+
 def _summary_row(
     records: list[store.CellRecord], asked: int, outliers: dict[CellKey, str], level: float, spread_limit: float
 ) -> dict[str, Any]:
     """The summary of one (task, method) cell from its records, ``p_vs_best`` still NaN."""
     task, method = records[0].task, records[0].method
-    finished = {r.seed: float(r.score) for r in records if r.status == store.STATUS_OK and r.score is not None}
-    # A non-finite test score (a record of an older version, which stored one) is no finished
-    # seed: counted, pandas' mean and std would skip it while the cell read complete.
-    scores = {seed: score for seed, score in finished.items() if math.isfinite(score)}
+    scores = {r.seed: float(r.score) for r in records if _scored(r)}
     values = pd.Series(list(scores.values()), dtype=float)
     failed = sum(r.status == store.STATUS_FAILED for r in records)
-    diverged = sum(r.status == store.STATUS_DIVERGED for r in records) + len(finished) - len(scores)
+    non_finite = sum(r.status == store.STATUS_OK and r.score is not None and not _scored(r) for r in records)
+    diverged = sum(r.status == store.STATUS_DIVERGED for r in records) + non_finite
     not_applicable = not scores and any(r.status == store.STATUS_NA for r in records)
     low, high = t_interval(list(scores.values()), level)
     std = values.std() if len(values) else math.nan
@@ -695,10 +706,12 @@ def write_tables(
     significance: bool = True,
     alpha: float = ALPHA,
     spread_limit: float = SPREAD_LIMIT,
+    results: StoredResults | None = None,
 ) -> str:
-    """Write table.md, table.tex and table.csv under ``out`` from its stored cells; return the Markdown."""
+    """Write table.md, table.tex and table.csv under ``out`` from its stored cells (``results``:
+    those already loaded from ``out``); return the Markdown."""
     out = Path(out)
-    results = load_results(out)
+    results = load_results(out) if results is None else results
     markdown = render(results, "markdown", ci, significance, alpha, spread_limit)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(markdown + "\n")
@@ -736,11 +749,7 @@ def extra_tables(results: StoredResults | Iterable[store.CellRecord]) -> dict[st
 
     results = as_results(results)
     outliers = check_configs(results).outliers
-    finished = [
-        r
-        for r in results.records
-        if r.status == store.STATUS_OK and r.score is not None and math.isfinite(r.score) and _key(r) not in outliers
-    ]
+    finished = [r for r in results.records if _scored(r) and _key(r) not in outliers]
     tables: dict[str, pd.DataFrame] = {}
     for name in sorted({r.task for r in finished} & set(implemented())):
         for table_name, frame in get_task(name).extra_tables(finished).items():
