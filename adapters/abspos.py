@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from .base import EncodingOptions, PositionEncoding, PositionLayout, Principle
+from .base import EncodingOptions, PositionEncoding, PositionLayout, Principle, init_truncated_normal
 from .registry import register
 
 _MODES = {1: "linear", 2: "bicubic", 3: "trilinear"}
@@ -44,7 +44,7 @@ class LearnableAbsolute(PositionEncoding):
         super().__init__(*args, **kwargs)
         grid = self.geometry.grid_shape
         self.table = nn.Parameter(torch.zeros(1, self.dim, *grid))
-        nn.init.trunc_normal_(self.table, std=self.options.init_std)
+        init_truncated_normal(self.table, self.options.init_std)
 
     def resized_table(self, grid_shape: tuple[int, ...]) -> Tensor:
         """(prod(grid_shape), D) table for the current grid, row-major."""

@@ -127,6 +127,14 @@ class PositionLayout:
     def with_coords(self, coords: Tensor) -> PositionLayout:
         return replace(self, coords=coords)
 
+    def coords_or_zero(self, dtype: torch.dtype | None = None) -> Tensor:
+        """Coordinates (cast to ``dtype``) with the rows of position-free tokens set to 0 by
+        ``where``. Their entries are to be ignored, and may be NaN or inf (a loader's "no
+        position"): weighting them by 0 left NaN in the outputs, and 0 x NaN in the gradients
+        of every parameter applied to them. For finite entries the bits are the product's."""
+        coords = self.coords if dtype is None else self.coords.to(dtype)
+        return torch.where(self.has_pos.unsqueeze(-1), coords, 0.0)
+
     @staticmethod
     def grid(
         batch: int,
@@ -556,3 +564,11 @@ def sinusoid_features(coords: Tensor, frequencies: Tensor) -> Tensor:
 def geometric_frequencies(count: int, base: float = 10000.0) -> Tensor:
     """Vaswani et al.'s frequencies base^(-k/count), k = 0..count-1."""
     return torch.exp(-math.log(base) * torch.arange(count, dtype=torch.float32) / count)
+
+
+def init_truncated_normal(param: Tensor, std: float) -> Tensor:
+    """``nn.init.trunc_normal_`` (cut at +-2, timm's tables) that also takes ``std = 0``: the
+    options allow a zero initialisation, for which torch's divides by the deviation."""
+    if std == 0:
+        return nn.init.zeros_(param)
+    return nn.init.trunc_normal_(param, std=std)

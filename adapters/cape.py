@@ -137,6 +137,9 @@ class CAPE(PositionEncoding):
         return [1.0 / n for n in layout.grid_shape]
 
     def prepare(self, layout: PositionLayout) -> PositionLayout:
+        # Position-free tokens' entries set to 0 first: they may be NaN, which the scale's
+        # gradient and the sinusoids would carry however the embedding is masked.
+        layout = layout.with_coords(layout.coords_or_zero())
         on_unit_grid = self.options.coordinates == "unit-grid" and layout.grid_shape is not None
         if on_unit_grid:
             layout = grid_to_unit(layout)
@@ -154,6 +157,6 @@ class CAPE(PositionEncoding):
         return layout
 
     def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
-        emb = sinusoid_features(layout.coords.float(), self.frequencies)
-        emb = emb * layout.has_pos.unsqueeze(-1)
+        emb = sinusoid_features(layout.coords_or_zero(torch.float32), self.frequencies)
+        emb = torch.where(layout.has_pos.unsqueeze(-1), emb, 0.0)
         return torch.cat([x[..., : emb.shape[-1]] + emb.to(x.dtype), x[..., emb.shape[-1] :]], dim=-1)

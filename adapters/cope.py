@@ -75,6 +75,7 @@ from .base import (
     LayerEncoding,
     PositionLayout,
     Principle,
+    init_truncated_normal,
     shared_by_query_chunks,
     shared_per_forward,
 )
@@ -214,7 +215,7 @@ class CoPELayer(LayerEncoding):
     def __init__(self, head_dim: int, npos_max: int, init_std: float) -> None:
         super().__init__()
         self.pos_emb = nn.Parameter(torch.zeros(head_dim, npos_max))
-        nn.init.trunc_normal_(self.pos_emb, std=init_std)
+        init_truncated_normal(self.pos_emb, init_std)
 
     @staticmethod
     def count_bins_of(inputs: AttentionInputs) -> CountBins:

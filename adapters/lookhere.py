@@ -94,7 +94,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, NonNegativeFloat, model_validator
 from torch import Tensor
 
 from .base import (
@@ -151,7 +151,9 @@ class LookHereOptions(EncodingOptions):
     #: ``variant: custom`` only: the head groups, each a cycle of four directions.
     head_groups: tuple[HeadGroup, ...] | None = None
     global_slope: float = Field(2.0, ge=0.0)
-    layer_slopes: tuple[float, float] = (1.5, 0.5)
+    #: s_l of the first and the last layer; not negative: a negative slope would make that
+    #: layer's logits grow with distance (every slope is >= 0 in the release)
+    layer_slopes: tuple[NonNegativeFloat, NonNegativeFloat] = (1.5, 0.5)
 
     @model_validator(mode="after")
     def _groups_match_variant(self) -> LookHereOptions:

@@ -177,7 +177,7 @@ def rotation_angles(layout: PositionLayout, frequencies: Tensor) -> Tensor:
 
     ``frequencies`` may also be (H, P, F) per head; the result is then (B, H, N, P*F).
     """
-    coords = layout.coords.to(frequencies.dtype) * layout.has_pos.unsqueeze(-1)
+    coords = layout.coords_or_zero(frequencies.dtype)
     if frequencies.ndim == 2:
         return (coords.unsqueeze(-1) * frequencies).flatten(-2).unsqueeze(1)
     # A broadcast product, not einsum: CUDA's autocast runs einsum in bf16, which rounded

@@ -71,6 +71,7 @@ from .base import (
     PositionLayout,
     Principle,
     ScoreMod,
+    init_truncated_normal,
     shared_per_forward,
 )
 from .cope import causal_keep, interpolated_logits
@@ -196,8 +197,8 @@ class SaPE2Layer(LayerEncoding):
         # One embedding table per axis (Appendix D's sape_x and sape_y), shared by heads.
         self.emb_x = nn.Parameter(torch.zeros(head_dim, npos_max))
         self.emb_y = nn.Parameter(torch.zeros(head_dim, npos_max))
-        nn.init.trunc_normal_(self.emb_x, std=options.init_std)
-        nn.init.trunc_normal_(self.emb_y, std=options.init_std)
+        init_truncated_normal(self.emb_x, options.init_std)
+        init_truncated_normal(self.emb_y, options.init_std)
 
     @staticmethod
     def _check_self_attention(inputs: AttentionInputs) -> None:

@@ -45,6 +45,7 @@ class NDSinCos(PositionEncoding):
         # cast to the activations' dtype: rounding positions to bf16 first merged 256 and 257
         # (speech frames, translation tokens) and kept 8 bits of a metre or a second; adding a
         # float32 embedding to bf16 activations also made this encoding's residual stream float32.
+        # Position-free tokens get no embedding (``where``: their coordinates may be NaN).
         dtype = at_least_float32(layout.coords.dtype, x.dtype)
-        emb = self.features(layout.coords.to(dtype)) * layout.has_pos.unsqueeze(-1).to(dtype)
+        emb = torch.where(layout.has_pos.unsqueeze(-1), self.features(layout.coords_or_zero(dtype)), 0.0)
         return torch.cat([x[..., : emb.shape[-1]] + emb.to(x.dtype), x[..., emb.shape[-1] :]], dim=-1)

@@ -58,7 +58,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from ._host import on_host
-from .base import EncodingOptions, PositionEncoding, PositionLayout, Principle
+from .base import EncodingOptions, PositionEncoding, PositionLayout, Principle, init_truncated_normal
 from .registry import register
 
 #: real half-period of the lemniscatic lattice with g2 = 1, g3 = 0 (Theorem A.9).
@@ -176,7 +176,7 @@ class WeierstrassPE(PositionEncoding):
         self.gamma = nn.Parameter(torch.tensor(1.0))
         self.proj = nn.Linear(4, self.dim)
         self.cls_embed = nn.Parameter(torch.zeros(self.dim))
-        nn.init.trunc_normal_(self.cls_embed, std=opts.init_std)
+        init_truncated_normal(self.cls_embed, opts.init_std)
         self._lut_cache: tuple[tuple, Tensor] | None = None
 
     # -- the elliptic field -------------------------------------------------------------
@@ -234,14 +234,16 @@ class WeierstrassPE(PositionEncoding):
         if layout.grid_shape is None:
             raise ValueError("wepe needs layout.grid_shape: the task must describe its token grid")
         height, width = layout.grid_shape
-        coords = layout.coords.float()
+        coords = layout.coords_or_zero(torch.float32)  # a CLS token's may be NaN: see embed
         return (coords[..., 1] + 0.5) / width, (coords[..., 0] + 0.5) / height
 
     def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
         xn, yn = self.normalised(layout)
         patch = self.gamma * self.proj(self.features(xn, yn))
         valid = layout.valid if layout.valid is not None else torch.ones_like(layout.has_pos)
-        on_patch = (layout.has_pos & valid).unsqueeze(-1).to(patch.dtype)
-        on_cls = (~layout.has_pos & valid).unsqueeze(-1).to(patch.dtype)
-        emb = patch * on_patch + self.cls_embed * on_cls
+        # Selected by ``where``, not weighted by 0 and 1: a product would carry a NaN or inf
+        # from either side into every token (cls_embed x 0) and into the gradients.
+        on_patch = (layout.has_pos & valid).unsqueeze(-1)
+        on_cls = (~layout.has_pos & valid).unsqueeze(-1)
+        emb = torch.where(on_patch, patch, torch.where(on_cls, self.cls_embed.to(patch.dtype), 0.0))
         return x + emb.to(x.dtype)

@@ -22,7 +22,11 @@ Outputs are compared with max |a - b| <= ``PROTOCOL_TOL`` (1e-4) * max(1, max |b
     (c) for encodings measured translation-invariant on this geometry, shifting all patch
         positions leaves every output, the CLS output included, unchanged. An encoding
         that is relative between patches but treats the CLS as sitting at some position
-        (e.g. an identity rotation, which *is* position 0) fails here.
+        (e.g. an identity rotation, which *is* position 0) fails here;
+    (d) non-finite entries too: with the CLS coordinates NaN, +inf and -inf in turn (a
+        loader's "no position"), every output equals (a)'s reference, and in train mode a
+        random linear loss gives every parameter of the encoding a finite gradient. An
+        encoding that zeroes the CLS rows by weighting them with 0 (NaN x 0 = NaN) fails.
 * gradients: in train mode with padding, a random linear loss of the encoder output gives
   every parameter of the encoding (model level and per layer) a gradient that is not
   None, finite and not identically zero.
@@ -192,7 +196,39 @@ def check_cls(
                     f"(all outputs by {diff_all:.3g}) although patch-patch logits are translation-invariant: "
                     "the CLS token is treated as having a position"
                 )
-    return ("; ".join(problems) if problems else None), f"{scope} hold"
+    problems += _non_finite_cls_problems(model, layout, prefix, x, ref)
+    return ("; ".join(problems) if problems else None), f"{scope[:-1]}, d) hold"
+
+
+def _non_finite_cls_problems(
+    model: TransformerEncoder, layout: PositionLayout, prefix: Tensor, x: Tensor, ref: Tensor
+) -> list[str]:
+    """Part (d) of the cls check: NaN and infinite CLS coordinates, outputs and gradients."""
+    problems = []
+    params = encoding_parameters(model)
+    was_training = model.training
+    try:
+        for value in (math.nan, math.inf, -math.inf):
+            coords = layout.coords.clone()
+            coords[:, prefix] = value
+            bad = layout.with_coords(coords)
+            with torch.no_grad():
+                model.eval()
+                out = model(x, bad)
+            ok, diff = _close(out, ref)
+            if not ok:
+                problems.append(f"(d) CLS coordinates {value} change the outputs by {diff:.3g}")
+            model.train()
+            model.zero_grad(set_to_none=True)
+            out = model(x, bad)
+            (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+            broken = [n for n, p in params.items() if p.grad is not None and not torch.isfinite(p.grad).all()]
+            if broken:
+                problems.append(f"(d) CLS coordinates {value} make non-finite gradients of {', '.join(broken)}")
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return problems
 
 
 def check_gradients(model: TransformerEncoder, layout: PositionLayout, gen: torch.Generator) -> Outcome:

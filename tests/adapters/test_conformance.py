@@ -157,10 +157,11 @@ class DistanceBias(LayerEncoding):
         self.respect_prefix = respect_prefix
 
     def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
-        dist = torch.cdist(inputs.query.coords.float(), inputs.key.coords.float())
-        if self.respect_prefix:
-            dist = dist * inputs.query.has_pos.unsqueeze(-1) * inputs.key.has_pos.unsqueeze(-2)
-        return -dist.unsqueeze(1)
+        if not self.respect_prefix:
+            return -torch.cdist(inputs.query.coords.float(), inputs.key.coords.float()).unsqueeze(1)
+        dist = torch.cdist(inputs.query.coords_or_zero(torch.float32), inputs.key.coords_or_zero(torch.float32))
+        pair = inputs.query.has_pos.unsqueeze(-1) & inputs.key.has_pos.unsqueeze(-2)
+        return -torch.where(pair, dist, 0.0).unsqueeze(1)
 
 
 class ClsAtOrigin(PositionEncoding):
@@ -386,3 +387,28 @@ class ZeroInitAbsolute(PositionEncoding):
 def test_suite_randomises_the_encoding_parameters() -> None:
     result = measure(ZeroInitAbsolute).principles[Principle.TRANSLATION_INVARIANCE]
     assert result.declared and result.measured is False and result.statistic > 1e-2
+
+
+class ZeroTimesNaN(PositionEncoding):
+    """Rotation-free learned sinusoids whose CLS rows are zeroed by weighting with has_pos: right
+    for finite garbage, NaN for a NaN coordinate (0 x NaN), in the outputs and the gradients."""
+
+    name = "broken-nan-times-zero"
+    principles = frozenset({Principle.FUSED_KERNEL})
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.proj = nn.Parameter(torch.randn(self.geometry.pos_dim, self.dim))
+
+    def embed(self, x: Tensor, layout: PositionLayout) -> Tensor:
+        return x + torch.sin(layout.coords @ self.proj) * layout.has_pos.unsqueeze(-1)
+
+
+def test_suite_catches_position_free_tokens_zeroed_by_a_product() -> None:
+    report = measure(ZeroTimesNaN)
+    cls = [c for c in report.checks if c.name == "cls"]
+    assert len(cls) == 1 and not cls[0].passed, report.format()
+    assert "(a)" not in cls[0].message and "(b)" not in cls[0].message  # finite garbage is ignored
+    for value in ("nan", "inf", "-inf"):
+        assert f"(d) CLS coordinates {value} change the outputs" in cls[0].message
+        assert f"(d) CLS coordinates {value} make non-finite gradients of encoding.proj" in cls[0].message
