@@ -14,7 +14,10 @@ A sample, in the frame of its LIDAR_TOP keyframe (UniTR's frame; x forward, z up
   detection classes by the devkit's ``category_to_detection_name``; boxes without a LiDAR or
   radar point are dropped, as the devkit's evaluation drops them;
 * ``ego_frame`` (4, 4): LiDAR -> the global frame's axes with the ego at the origin, where the
-  devkit measures how far a box is from the ego (its class ranges, :mod:`.metric`).
+  devkit measures how far a box is from the ego (its class ranges, :mod:`.metric`);
+* ``bike_racks`` (R, 4, 4): the sample's ``static_object.bicycle_rack`` annotations (all of
+  them, as the devkit's ``filter_eval_boxes`` reads them: no point or distance filter), each as
+  :func:`rack_frame` from the LiDAR frame; the evaluation drops bicycles and motorcycles inside.
 
 Not verified against the real dataset in this repository (no copy here); the layout and
 the devkit calls follow the devkit's documentation and tutorials.
@@ -37,6 +40,7 @@ INSTALL = (
     "pip install --no-deps nuscenes-devkit==1.2.0 pyquaternion descartes && pip install opencv-python-headless "
     "'shapely~=2.0.3' scikit-learn (its metadata pins numpy < 2; its evaluation runs on numpy 2)"
 )
+BIKE_RACK = "static_object.bicycle_rack"  # the category the devkit's bike-rack filter reads
 #: version -> (train split, val split) in ``nuscenes.utils.splits.create_splits_scenes()``
 SPLITS = {"v1.0-trainval": ("train", "val"), "v1.0-mini": ("mini_train", "mini_val")}
 
@@ -87,6 +91,31 @@ def ego_frame(lidar_to_ego: np.ndarray, ego_to_global: np.ndarray) -> np.ndarray
     axes = ego_to_global.copy()
     axes[:3, 3] = 0.0
     return axes @ lidar_to_ego
+
+
+def rack_frame(translation, size, rotation, to_sample: np.ndarray) -> np.ndarray:
+    """A box annotation (translation, size w, l, h and rotation quaternion w, x, y, z in the
+    global frame, as ``sample_annotation``) as the 4 x 4 map from a sample's frame into the box
+    scaled to the cube |x|, |y|, |z| <= 1/2 (x along its length, y its width, as the devkit's
+    ``Box``); ``to_sample`` maps global to the sample's frame. The full rotation is kept, so the
+    devkit's ``points_in_box`` test needs no flat-box assumption."""
+    from nuscenes.utils.geometry_utils import transform_matrix
+    from pyquaternion import Quaternion
+
+    width, length, height = size
+    scaled = np.diag([length, width, height, 1.0])  # the unit cube -> the box's extent
+    return np.linalg.inv(to_sample @ transform_matrix(translation, Quaternion(rotation)) @ scaled)
+
+
+def bike_racks(nusc, record: dict, to_sample: np.ndarray) -> np.ndarray:
+    """The bicycle racks (R, 4, 4) of a ``sample`` record, each as :func:`rack_frame`."""
+    annotations = (nusc.get("sample_annotation", token) for token in record["anns"])
+    racks = [
+        rack_frame(ann["translation"], ann["size"], ann["rotation"], to_sample)
+        for ann in annotations
+        if ann["category_name"] == BIKE_RACK
+    ]
+    return np.stack(racks) if racks else np.zeros((0, 4, 4))
 
 
 class NuScenesReader:
@@ -185,6 +214,7 @@ class NuScenesReader:
             "boxes": torch.tensor(boxes, dtype=torch.float32).reshape(-1, 7),
             "labels": torch.tensor(labels, dtype=torch.long),
             "ego_frame": torch.from_numpy(ego_frame(lidar_to_ego, ego_to_global)),
+            "bike_racks": torch.from_numpy(bike_racks(nusc, record, global_to_lidar)),
         }
 
     def _image(self, path: Path, K: np.ndarray) -> tuple[Tensor, np.ndarray]:

@@ -42,8 +42,20 @@ position in the global frame's axes. A sample then carries ``ego_frame`` (4, 4),
 from its boxes' frame to that one. Without ``class_ranges`` (the tiny scenes, which end at 16
 m) every box counts.
 
-The devkit's other steps are not applied: its bike-rack filter (bicycles and motorcycles inside
-a bicycle rack annotation), and its limit of 500 predictions per sample.
+Bicycle racks (``bike_racks``, given for real nuScenes): as the devkit's ``filter_eval_boxes``,
+bicycles and motorcycles (:data:`BIKE_RACK_CLASSES`, by class name) whose centre lies in a
+sample's ``static_object.bicycle_rack`` annotation count on neither side: parked two-wheelers
+are not scored. The test is the devkit's ``points_in_box``: the 3-D centre inside the rack's
+3-D box, faces included (not a ground-plane test). A sample carries ``bike_racks`` (R, 4, 4),
+per rack the map from its boxes' frame into the rack's box scaled to the cube |x|, |y|, |z| <=
+1/2 (:func:`.devkit.rack_frame`), so racks of any orientation are tested exactly; the test is
+unchanged by the rigid map between the boxes' frame and the devkit's global one. The generated
+scenes have no racks (nothing to filter, so they carry none).
+
+Predictions per sample: at most :data:`MAX_PREDICTIONS_PER_SAMPLE` (500, the devkit's
+``max_boxes_per_sample``). The devkit refuses a submission with more (``load_prediction``
+asserts; it keeps no best 500), so a sample with more is an error here too, before any filter,
+as the devkit counts them; the detector keeps ``model.head.max_detections`` per sample.
 """
 
 from __future__ import annotations
@@ -68,6 +80,10 @@ MEASURED = ("ate", "ase", "aoe")  # from the boxes; the model predicts no veloci
 NOT_PREDICTED = ("ave", "aae")  # counted at their worst, 1
 UNDEFINED_ERRORS = {"traffic_cone": ("aoe", "ave", "aae"), "barrier": ("ave", "aae")}  # the devkit's nan
 HALF_TURN_CLASSES = ("barrier",)  # orientation compared modulo pi
+#: The devkit's ``max_boxes_per_sample`` (detection_cvpr_2019.json).
+MAX_PREDICTIONS_PER_SAMPLE = 500
+#: The classes that ``filter_eval_boxes`` drops inside a bicycle rack.
+BIKE_RACK_CLASSES = ("bicycle", "motorcycle")
 #: The devkit's ``class_range`` (detection_cvpr_2019.json), metres from the ego.
 DEVKIT_CLASS_RANGES = {
     "car": 50.0, "truck": 50.0, "bus": 50.0, "trailer": 50.0, "construction_vehicle": 50.0,
@@ -175,6 +191,25 @@ def within_range(boxes: np.ndarray, labels: np.ndarray, ranges: np.ndarray, ego_
     return np.linalg.norm(centres[:, :2], axis=1) < ranges[labels]
 
 
+def in_bike_rack(boxes: np.ndarray, racks: np.ndarray) -> np.ndarray:
+    """Mask of the boxes (N, 7) whose centre is inside any of the racks (R, 4, 4: boxes' frame
+    -> the rack's box as the cube |x|, |y|, |z| <= 1/2), faces included as in the devkit's
+    ``points_in_box``."""
+    local = boxes[:, :3] @ racks[:, :3, :3].transpose(0, 2, 1) + racks[:, None, :3, 3]  # (R, N, 3)
+    return (np.abs(local) <= 0.5).all(axis=-1).any(axis=0)
+
+
+def check_prediction_count(count: int) -> None:
+    """Refuse a sample with more predictions than the devkit accepts (its ``load_prediction``
+    asserts rather than keeping the best, so neither do we)."""
+    if count > MAX_PREDICTIONS_PER_SAMPLE:
+        raise ValueError(
+            f"{count} predictions in one sample: the nuScenes detection evaluation accepts at most "
+            f"{MAX_PREDICTIONS_PER_SAMPLE} per sample (the devkit's max_boxes_per_sample); keep the best "
+            f"{MAX_PREDICTIONS_PER_SAMPLE} or fewer (model.head.max_detections)"
+        )
+
+
 def mean_over_classes(errors: np.ndarray) -> np.ndarray:
     """Per metric, the mean of the classes' errors (C, M) that are defined; nan if none is."""
     defined = ~np.isnan(errors)
@@ -200,6 +235,9 @@ class CentreDistanceMAP(Metric):
     for its classes ``barrier`` and ``traffic_cone``; other names, or none, have no such rule.
     ``class_ranges`` (optional, metres per class) drops boxes of both sides at or beyond their
     class's range from the ego, as the devkit does; the targets then carry ``ego_frame`` (4, 4).
+    A target with ``bike_racks`` (R, 4, 4) drops the bicycles and motorcycles (by
+    ``class_names``) of both sides whose centre is in one of them. A sample with more than
+    :data:`MAX_PREDICTIONS_PER_SAMPLE` predictions is refused (``ValueError``), as the devkit does.
     """
 
     full_state_update = False
@@ -223,6 +261,7 @@ class CentreDistanceMAP(Metric):
         self.thresholds = tuple(thresholds)
         self.class_names = tuple(class_names) if class_names is not None else (None,) * num_classes
         self.tp_threshold = tp_threshold
+        self.parked_classes = np.array([name in BIKE_RACK_CLASSES for name in self.class_names])
         self.add_state("scores", default=[], dist_reduce_fx="cat")
         self.add_state("labels", default=[], dist_reduce_fx="cat")
         self.add_state("true_positives", default=[], dist_reduce_fx="cat")
@@ -237,6 +276,19 @@ class CentreDistanceMAP(Metric):
             raise ValueError(f"{what}['boxes'] must be (N, 7: x, y, z, l, w, h, yaw), got {shape}")
         return boxes.detach().cpu().double().numpy()
 
+    def _evaluated(self, boxes: np.ndarray, labels: np.ndarray, target: dict[str, Tensor]) -> np.ndarray:
+        """Mask of one side's boxes of a sample that the devkit's ``filter_eval_boxes`` keeps:
+        within their class's range (with ``class_ranges``), not a two-wheeler in a rack."""
+        labels = labels.astype(np.int64)
+        kept = np.ones(len(boxes), dtype=bool)
+        if self.class_ranges is not None:
+            ego_frame = target["ego_frame"].detach().cpu().double().numpy()
+            kept &= within_range(boxes, labels, self.class_ranges, ego_frame)
+        racks = target.get("bike_racks")
+        if racks is not None and len(racks):
+            kept &= ~(self.parked_classes[labels] & in_bike_rack(boxes, racks.detach().cpu().double().numpy()))
+        return kept
+
     def update(self, preds: Sequence[dict[str, Tensor]], targets: Sequence[dict[str, Tensor]]) -> None:
         if len(preds) != len(targets):
             raise ValueError(f"{len(preds)} predictions for {len(targets)} samples")
@@ -244,12 +296,11 @@ class CentreDistanceMAP(Metric):
             p_box, g_box = self._boxes(pred, "prediction"), self._boxes(target, "target")
             p_score, p_label = (pred[k].detach().cpu().double().numpy() for k in ("scores", "labels"))
             g_label = target["labels"].detach().cpu().numpy()
-            if self.class_ranges is not None:
-                ego_frame = target["ego_frame"].detach().cpu().double().numpy()
-                near = within_range(p_box, p_label.astype(np.int64), self.class_ranges, ego_frame)
-                p_box, p_score, p_label = p_box[near], p_score[near], p_label[near]
-                near = within_range(g_box, g_label.astype(np.int64), self.class_ranges, ego_frame)
-                g_box, g_label = g_box[near], g_label[near]
+            check_prediction_count(len(p_score))  # the devkit counts a sample's boxes before filtering them
+            kept = self._evaluated(p_box, p_label, target)
+            p_box, p_score, p_label = p_box[kept], p_score[kept], p_label[kept]
+            kept = self._evaluated(g_box, g_label, target)
+            g_box, g_label = g_box[kept], g_label[kept]
             tp = np.zeros((len(p_score), len(self.thresholds)), dtype=bool)
             errors = np.full((len(p_score), len(MEASURED)), np.nan)
             for c, name in enumerate(self.class_names):

@@ -21,7 +21,8 @@ class DetectionModule(TaskModule):
     (1 - IoU), ``aoe`` (rad), and ``ave`` and ``aae`` at their worst value 1, listed under
     ``not_predicted`` (the model predicts no velocity and no attributes; NDS counts them so).
     ``class_ranges`` (real nuScenes): the devkit's distance limit per class, applied to both sides
-    with each sample's ``ego_frame``."""
+    with each sample's ``ego_frame``; each sample's ``bike_racks`` (real nuScenes) go to the
+    metric's bike-rack filter."""
 
     def __init__(
         self,
@@ -45,8 +46,9 @@ class DetectionModule(TaskModule):
     def _eval(self, batch: dict, split: str) -> None:
         detections = self.model.detect(batch)
         targets = [{"boxes": b, "labels": y} for b, y in zip(batch["boxes"], batch["labels"], strict=True)]
-        if "ego_frame" in batch:
-            targets = [target | {"ego_frame": frame} for target, frame in zip(targets, batch["ego_frame"], strict=True)]
+        for key in ("ego_frame", "bike_racks"):  # real nuScenes only: the devkit's filters
+            if key in batch:
+                targets = [target | {key: value} for target, value in zip(targets, batch[key], strict=True)]
         metric = getattr(self, f"{split}_map")
         metric.update(detections, targets)
         self.log(f"{split}/map", metric, prog_bar=split == "val", on_epoch=True, batch_size=len(targets))

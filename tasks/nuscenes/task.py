@@ -27,7 +27,7 @@ from ..base import Task
 from .data import SampleList, SceneDataModule
 from .detector import UniTRDetector
 from .head import CenterHead, CenterTargets
-from .metric import DEVKIT_CLASS_RANGES
+from .metric import DEVKIT_CLASS_RANGES, MAX_PREDICTIONS_PER_SAMPLE
 from .module import DetectionModule
 from .synthetic import SceneConfig, scene_dataset
 from .unitr import UniTR, UniTRConfig, VoxelGrid, scene_geometry
@@ -102,6 +102,12 @@ class NuScenes(Task):
             raise ConfigError(
                 f"{config.task}/{config.profile}: data.image_size {width}x{height} is not a multiple of "
                 f"model.patch_size={m.patch_size}"
+            )
+        if m.head.max_detections > MAX_PREDICTIONS_PER_SAMPLE:
+            # The metric refuses such a sample, as the devkit does: say so before training, not after.
+            raise ConfigError(
+                f"{config.task}/{config.profile}: model.head.max_detections={m.head.max_detections}, but the "
+                f"nuScenes evaluation accepts at most {MAX_PREDICTIONS_PER_SAMPLE} predictions per sample"
             )
         shape = self.data.grid.shape
         if shape[0] % m.head.stride or shape[1] % m.head.stride:

@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from pe_bench.tasks.nuscenes.metric import DEVKIT_CLASS_RANGES, CentreDistanceMAP, average_precision, match
+from pe_bench.tasks.nuscenes.metric import (
+    DEVKIT_CLASS_RANGES,
+    MAX_PREDICTIONS_PER_SAMPLE,
+    CentreDistanceMAP,
+    average_precision,
+    in_bike_rack,
+    match,
+)
 
 THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
 
@@ -178,21 +185,29 @@ def random_case(rng: np.random.Generator, samples: int, classes: int, spread: fl
     return preds, targets
 
 
-class NoBikeRacks:
-    """The one table lookup of the devkit's ``filter_eval_boxes`` beyond its distance and point
-    filters: every sample without annotations, so without bicycle racks."""
+class Annotations:
+    """The two tables that the devkit's ``filter_eval_boxes`` reads beyond its distance and point
+    filters (and that :func:`.devkit.bike_racks` reads): each sample's annotations, here the
+    ``sample_annotation`` records in ``annotations`` (sample token -> records; none if absent)."""
+
+    def __init__(self, annotations: dict[str, list[dict]] | None = None) -> None:
+        self.annotations = annotations or {}
 
     def get(self, table: str, token: str) -> dict:
-        assert table == "sample"
-        return {"anns": []}
+        if table == "sample":
+            return {"anns": [f"{token}/{i}" for i in range(len(self.annotations.get(token, [])))]}
+        assert table == "sample_annotation"
+        sample, index = token.split("/")
+        return self.annotations[sample][int(index)]
 
 
-def devkit_metrics(preds, targets, names, ego_frames=None):
+def devkit_metrics(preds, targets, names, ego_frames=None, annotations=None):
     """The devkit's ``DetectionEval.evaluate`` (matching, AP, TP errors with its nan rules, NDS)
     on our boxes: predictions without velocity (nan) or attribute, as our model. With
-    ``ego_frames`` (one (4, 4) per sample: box frame -> global axes, ego at the origin), the
-    devkit's loading steps first: ``add_center_dist``'s ego translation, then
-    ``filter_eval_boxes`` with the config's class ranges."""
+    ``ego_frames`` (one (4, 4) per sample: box frame -> global axes, ego at the origin) or
+    ``annotations`` (an :class:`Annotations`, in the boxes' frame), the devkit's loading steps
+    first: ``add_center_dist``'s ego translation (none without frames), then
+    ``filter_eval_boxes`` with the config's class ranges and the annotations' bicycle racks."""
     pytest.importorskip("nuscenes.eval.detection.evaluate", reason="nuscenes-devkit is not installed")
     from nuscenes.eval.common.config import config_factory
     from nuscenes.eval.common.data_classes import EvalBoxes
@@ -221,9 +236,10 @@ def devkit_metrics(preds, targets, names, ego_frames=None):
         found = zip(p["boxes"], p["labels"], p["scores"], strict=True)
         pred_boxes.add_boxes(s, [box(s, row, y, float(score), frame) for row, y, score in found])
     cfg = config_factory("detection_cvpr_2019")
-    if ego_frames is not None:
-        gt_boxes = filter_eval_boxes(NoBikeRacks(), gt_boxes, cfg.class_range)
-        pred_boxes = filter_eval_boxes(NoBikeRacks(), pred_boxes, cfg.class_range)
+    if ego_frames is not None or annotations is not None:
+        tables = annotations or Annotations()
+        gt_boxes = filter_eval_boxes(tables, gt_boxes, cfg.class_range)
+        pred_boxes = filter_eval_boxes(tables, pred_boxes, cfg.class_range)
     # The evaluation without its loading step (which needs the dataset on disk), over our classes only.
     evaluation = object.__new__(DetectionEval)
     evaluation.cfg, evaluation.verbose = cfg, False
@@ -314,3 +330,124 @@ def test_with_class_ranges_equals_the_devkits_filter_and_evaluation():
     assert 0 < int(metric.num_gt.sum()) < 0.8 * everything  # the ranges drop a good part of the boxes
     assert 0.05 < metrics.mean_ap < 0.95
     assert_same_as_the_devkit(metric, metrics, names)
+
+
+def rack(frame_xyz, size, yaw: float = 0.0) -> torch.Tensor:
+    """A rack's map from the boxes' frame to its unit cube: centred at ``frame_xyz``, sides
+    ``size`` (l, w, h), turned ``yaw`` about z."""
+    return torch.linalg.inv(ego_frame(yaw, frame_xyz) @ torch.diag(torch.tensor([*size, 1.0], dtype=torch.float64)))
+
+
+def test_bicycles_and_motorcycles_in_a_bicycle_rack_count_on_neither_side():
+    names = ["car", "bicycle", "motorcycle"]
+    # A rack 2 m across at the origin, and one raised 2 m over (5, 0), clear of the boxes there.
+    racks = torch.stack([rack((0.0, 0.0, 0.0), (2.0, 2.0, 2.0)), rack((5.0, 0.0, 3.0), (2.0, 2.0, 2.0))])
+    # In the rack: a bicycle (found), a motorcycle on its face (x = 1: inside, as the devkit's
+    # test), a car (kept: only two-wheelers are dropped). Under the raised rack: a bicycle, kept.
+    targets = [gt([[0, 0], [1, 0], [0, 0.5], [5, 0]], [1, 2, 0, 1]) | {"bike_racks": racks}]
+    preds = [pred([[0.1, 0], [5, 0], [0, 0.5], [-0.5, -0.5]], [0.9, 0.8, 0.7, 0.6], [1, 1, 0, 2])]
+    metric = CentreDistanceMAP(3, class_names=names)
+    metric.update(preds, targets)
+    assert metric.num_gt.tolist() == [1, 1, 0] and metric.scores[0].tolist() == [0.8, 0.7]
+    np.testing.assert_allclose(metric.average_precisions(), [[1.0] * 4, [1.0] * 4, [0.0] * 4])
+    unnamed = CentreDistanceMAP(3)  # without class names no class is a two-wheeler: nothing dropped
+    unnamed.update(preds, targets)
+    assert unnamed.num_gt.tolist() == [1, 2, 1] and len(unnamed.scores[0]) == 4
+
+
+def devkit_rack(rng: np.random.Generator, xy) -> dict:
+    """A ``static_object.bicycle_rack`` annotation near ``xy``, slightly tilted, a third of them
+    raised above the boxes (inside on the ground plane, not in 3-D)."""
+    from pyquaternion import Quaternion
+
+    z = 2.5 if rng.random() < 1 / 3 else 0.3
+    tilt = Quaternion(axis=[1.0, rng.uniform(-1, 1), 0.0], angle=rng.uniform(-0.1, 0.1))
+    rotation = Quaternion(axis=[0, 0, 1], angle=rng.uniform(-np.pi, np.pi)) * tilt
+    size = [rng.uniform(0.8, 2.5), rng.uniform(1.5, 5.0), 1.5]  # w, l, h
+    return {"category_name": "static_object.bicycle_rack", "translation": [*(xy + rng.normal(0, 0.3, 2)), z],
+            "size": size, "rotation": list(rotation.elements)}  # fmt: skip
+
+
+def rack_case(rng: np.random.Generator, samples: int, classes: int):
+    """:func:`random_case` (10 m spread) with racks at about half the boxes and one elsewhere per
+    sample, each beside an annotation of another category at the same place (not a rack)."""
+    preds, targets = random_case(rng, samples, classes, spread=10.0)
+    annotations = {}
+    for i, target in enumerate(targets):
+        xy = target["boxes"][:, :2].numpy()
+        places = [*xy[rng.random(len(xy)) < 0.5], rng.uniform(-10, 10, 2)]
+        racks = [devkit_rack(rng, place) for place in places]
+        annotations[f"s{i}"] = [*racks, *({**r, "category_name": "movable_object.barrier"} for r in racks)]
+    return preds, targets, Annotations(annotations)
+
+
+def test_with_bicycle_racks_equals_the_devkits_filter_and_evaluation():
+    pytest.importorskip("pyquaternion", reason="nuscenes-devkit's dependencies are not installed")
+    from pe_bench.tasks.nuscenes.devkit import bike_racks
+
+    names = ["car", "pedestrian", "bicycle", "motorcycle"]
+    preds, targets, tables = rack_case(np.random.default_rng(2), samples=40, classes=len(names))
+    metrics = devkit_metrics(preds, targets, names, annotations=tables)
+    # Our reader's racks from the same tables; the boxes' frame is the annotations' here.
+    racks = [torch.from_numpy(bike_racks(tables, tables.get("sample", f"s{i}"), np.eye(4))) for i in range(40)]
+    metric = CentreDistanceMAP(len(names), class_names=names)
+    metric.update(preds, [t | {"bike_racks": r} for t, r in zip(targets, racks, strict=True)])
+    plain = CentreDistanceMAP(len(names), class_names=names)
+    plain.update(preds, targets)
+    dropped = (plain.num_gt - metric.num_gt).tolist()
+    assert dropped[:2] == [0, 0] and min(dropped[2:]) > 0  # two-wheelers of the ground truth in racks
+    assert sum(map(len, plain.scores)) - sum(map(len, metric.scores)) > 5  # and of the predictions
+    cars = [t["boxes"][t["labels"] == 0].numpy() for t in targets]
+    assert sum(in_bike_rack(c, r.numpy()).sum() for c, r in zip(cars, racks, strict=True)) > 0  # kept
+    assert 0.05 < metrics.mean_ap < 0.95 and abs(plain.summary()["map"] - metrics.mean_ap) > 1e-3
+    assert_same_as_the_devkit(metric, metrics, names)
+
+
+def test_a_rack_in_a_samples_frame_contains_what_the_devkits_points_in_box_does():
+    pytest.importorskip("pyquaternion", reason="nuscenes-devkit's dependencies are not installed")
+    from nuscenes.utils.data_classes import Box
+    from nuscenes.utils.geometry_utils import points_in_box, transform_matrix
+    from pyquaternion import Quaternion
+
+    from pe_bench.tasks.nuscenes.devkit import rack_frame
+
+    rng = np.random.default_rng(3)
+    rotation = Quaternion(axis=[0.1, -0.05, 1.0], angle=0.7)  # tilted: the full rotation matters
+    annotation = {"translation": [411.3, 1180.9, 1.0], "size": [1.2, 3.5, 1.4], "rotation": list(rotation.elements)}
+    sample_to_global = transform_matrix([410.0, 1178.0, 1.8], Quaternion(axis=[0.01, 0.02, 1.0], angle=2.1))
+    frame = rack_frame(annotation["translation"], annotation["size"], annotation["rotation"],
+                       np.linalg.inv(sample_to_global))  # fmt: skip
+    centre = np.linalg.inv(sample_to_global) @ [*annotation["translation"], 1.0]
+    points = centre[:3] + rng.uniform(-2.0, 2.0, (400, 3))  # in the sample's frame
+    ours = in_bike_rack(np.concatenate([points, np.zeros((400, 4))], axis=1), frame[None])
+    in_global = (sample_to_global @ np.concatenate([points, np.ones((400, 1))], axis=1).T)[:3]
+    box = Box(annotation["translation"], annotation["size"], Quaternion(annotation["rotation"]))
+    theirs = points_in_box(box, in_global)
+    assert 20 < ours.sum() < 380 and (ours == theirs).all()
+
+
+def test_more_than_500_predictions_in_a_sample_are_refused_as_by_the_devkit():
+    def many(count):
+        return pred(np.zeros((count, 2)), np.full(count, 0.5), np.zeros(count, dtype=np.int64))
+
+    metric = CentreDistanceMAP(1)
+    metric.update([many(MAX_PREDICTIONS_PER_SAMPLE)], [gt([[0, 0]], [0])])
+    with pytest.raises(ValueError, match=r"501 predictions in one sample: .* at most 500 per sample .*max_detections"):
+        metric.update([many(MAX_PREDICTIONS_PER_SAMPLE + 1)], [gt([[0, 0]], [0])])
+
+
+def test_the_prediction_limit_is_the_devkits_and_the_devkit_refuses_more(tmp_path):
+    pytest.importorskip("nuscenes.eval.common.loaders", reason="nuscenes-devkit is not installed")
+    import json
+
+    from nuscenes.eval.common.config import config_factory
+    from nuscenes.eval.common.loaders import load_prediction
+    from nuscenes.eval.detection.data_classes import DetectionBox
+
+    assert config_factory("detection_cvpr_2019").max_boxes_per_sample == MAX_PREDICTIONS_PER_SAMPLE
+    box = {"sample_token": "s0", "translation": [0.0, 0.0, 0.0], "size": [1.0, 1.0, 1.0], "rotation": [1.0, 0, 0, 0],
+           "velocity": [0.0, 0.0], "detection_name": "car", "detection_score": 0.5, "attribute_name": ""}  # fmt: skip
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"results": {"s0": [box] * (MAX_PREDICTIONS_PER_SAMPLE + 1)}, "meta": {}}))
+    with pytest.raises(AssertionError, match="Only <= 500 boxes per sample"):  # it refuses, keeps no best 500
+        load_prediction(str(results), MAX_PREDICTIONS_PER_SAMPLE, DetectionBox)

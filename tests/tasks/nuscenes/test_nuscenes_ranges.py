@@ -1,5 +1,6 @@
-"""The devkit's class ranges in the nuscenes task: real nuScenes is evaluated within them (each
-sample's ``ego_frame`` measures the distance as the devkit does), the generated scenes are not."""
+"""The devkit's class ranges and bike-rack filter in the nuscenes task: real nuScenes is
+evaluated within the ranges (each sample's ``ego_frame`` measures the distance as the devkit
+does) and without the two-wheelers in its ``bike_racks``; the generated scenes have neither."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pe_bench.harness.config import ConfigError, load_run_config
 from pe_bench.tasks import get_task
 from pe_bench.tasks.nuscenes.data import collate
 from pe_bench.tasks.nuscenes.devkit import ego_frame
+from pe_bench.tasks.nuscenes.synthetic import SceneConfig, scene_dataset
 
 
 class FixedDetections(nn.Module):
@@ -49,6 +51,21 @@ def test_real_nuscenes_is_evaluated_within_the_devkits_class_ranges():
     assert metric.average_precisions()[car] == pytest.approx(np.ones(4))
 
 
+def test_real_nuscenes_drops_the_two_wheelers_in_its_bicycle_racks():
+    task = get_task("nuscenes")(load_run_config("nuscenes", "paper"))
+    car, bicycle = task.data.classes.index("car"), task.data.classes.index("bicycle")
+    # A 2 m rack ahead at (10, 0): the bicycle in it and the one found there are not scored; the car is.
+    rack = torch.diag(torch.tensor([0.5, 0.5, 0.5, 1.0], dtype=torch.float64))
+    rack[0, 3] = -5.0
+    boxes, labels = torch.tensor([box(10, 0), box(10, 0.5), box(0, 10)]), torch.tensor([bicycle, car, bicycle])
+    detections = [{"boxes": boxes, "scores": torch.tensor([0.9, 0.8, 0.7]), "labels": labels}]
+    batch = {"boxes": [boxes], "labels": [labels], "ego_frame": torch.eye(4, dtype=torch.float64)[None],
+             "bike_racks": [rack[None]]}  # fmt: skip
+    metric = validated(task, detections, batch)
+    assert metric.num_gt[car] == 1 and metric.num_gt[bicycle] == 1 and len(metric.scores[0]) == 2
+    assert metric.average_precisions()[bicycle] == pytest.approx(np.ones(4))
+
+
 def test_the_generated_scenes_count_every_box():
     task = get_task("nuscenes")(load_run_config("nuscenes", "tiny"))
     assert task.class_ranges() is None
@@ -64,16 +81,24 @@ def test_other_classes_have_no_devkit_range_on_real_nuscenes():
         task.class_ranges()
 
 
-def sample(ego: bool) -> dict:
+def sample(ego: bool, racks: int = 0) -> dict:
     out = {"points": torch.zeros(3, 5), "images": torch.zeros(6, 3, 8, 8), "boxes": torch.zeros(0, 7),
            "intrinsics": torch.eye(3).repeat(6, 1, 1), "cam_to_ego": torch.eye(4).repeat(6, 1, 1),
            "labels": torch.zeros(0)}  # fmt: skip
-    return out | ({"ego_frame": torch.eye(4, dtype=torch.float64)} if ego else {})
+    real = {"ego_frame": torch.eye(4, dtype=torch.float64), "bike_racks": torch.eye(4).repeat(racks, 1, 1)}
+    return out | (real if ego else {})
 
 
-def test_only_real_samples_bring_an_ego_frame_into_the_batch():
-    assert collate([sample(True), sample(True)])["ego_frame"].shape == (2, 4, 4)
-    assert "ego_frame" not in collate([sample(False), sample(False)])
+def test_only_real_samples_bring_an_ego_frame_and_bicycle_racks_into_the_batch():
+    batch = collate([sample(True, racks=2), sample(True)])
+    assert batch["ego_frame"].shape == (2, 4, 4)
+    assert [r.shape for r in batch["bike_racks"]] == [(2, 4, 4), (0, 4, 4)]  # one list entry per sample
+    assert not {"ego_frame", "bike_racks"} & set(collate([sample(False), sample(False)]))
+
+
+def test_the_generated_scenes_have_no_bicycle_racks():
+    (scene,) = scene_dataset(SceneConfig(), ["red", "green", "blue"], (64, 32), 1, 0)
+    assert "bike_racks" not in scene and "ego_frame" not in scene
 
 
 def test_the_ego_frame_gives_the_devkits_ego_translation():

@@ -49,6 +49,9 @@ def test_inconsistent_configs_are_named():
         get_task("nuscenes")(load_run_config("nuscenes", "tiny", {"model": {"depth": 5}}))
     with pytest.raises(ConfigError, match=r"image_size 100x48 is not a multiple of model\.patch_size=8"):
         get_task("nuscenes")(load_run_config("nuscenes", "tiny", {"data": {"image_size": [100, 48]}}))
+    # The evaluation refuses a sample with more than the devkit's 500 predictions: said before training.
+    with pytest.raises(ConfigError, match=r"max_detections=501, but .* at most 500 predictions per sample"):
+        get_task("nuscenes")(load_run_config("nuscenes", "paper", {"model": {"head": {"max_detections": 501}}}))
 
 
 def test_paper_data_without_the_devkit_says_how_to_install_it(monkeypatch, tmp_path):
