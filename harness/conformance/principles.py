@@ -1,8 +1,9 @@
 """The principle statistics (PaPE, Section 3), their thresholds and the per-geometry measurement.
 
 All principles are measured on the pre-softmax logits ``L`` (B, H, N, N) of *every*
-attention layer of an encoder probe (:mod:`.probes`); the worst layer counts (context
-awareness: the first layer only). The first layer's logits are computed by
+attention layer of an encoder probe (:mod:`.probes`); the worst layer counts (for the
+effects, distance decay, directionality and context awareness: the worst of the layers with
+a positional action of their own). The first layer's logits are computed by
 :meth:`~pe_bench.harness.blocks.TransformerEncoder.layer_logits`, i.e. on the path the
 encoder's forward takes (``prepare`` -> ``embed`` -> zeroed padding -> ``norm1`` ->
 ``Attention.logits``); a later layer's by that layer's ``Attention.logits`` on the probe
@@ -62,22 +63,37 @@ geometry (:func:`holds` of the worst geometry).
     (2) a perturbation of the content of other tokens: half of the positioned tokens get
         new content and Pi is compared on pairs among the other half (CoPE-style positions
         counted over the context).
-  Perturbations are added to the normalised tokens that enter the layer, to both terms of
-  Pi. Statistic: rms(Pi' - Pi) / (rms(Pi) + rms(Pi') + 1e-6 rms(L)) over the entries finite
-  in Pi (1 when the -inf pattern moves with content), the largest over (1)'s heads and
-  (2), averaged over seeds. Holds when > ``EFFECT_TOL`` (1e-3).
-* fused-kernel: a forward of the whole encoder (with and without key padding), once, on
-  the first seed's model, runs with ``torch.nn.functional.scaled_dot_product_attention``
-  wrapped to record ``attn_mask`` shapes, and every layer's ``bias()`` wrapped to record
-  its result. Holds when no layer returns a bias and no mask has shape (..., Nq, Nk) with
-  Nq > 1 and Nk > 1 (a (B, 1, 1, Nk) key-padding mask is fine). Statistic: number of
-  N x N tensors seen.
+  Perturbations are added to the tokens that enter the layer's attention (in layer 0 the
+  normalised tokens), to both terms of Pi. Every layer is measured with its own W_q and W_k
+  for (1); like PaPE's per-layer W_a, W_b, a layer whose Pi does not depend on content is
+  not context-aware, whatever the others do. Statistic: rms(Pi' - Pi) / (rms(Pi) + rms(Pi')
+  + 1e-6 rms(L)) over the entries finite in Pi (1 when the -inf pattern moves with
+  content), the largest over (1)'s heads and (2), the smallest over the layers, averaged
+  over seeds. A later layer whose Pi is zero (max |Pi| <= 1e-5 max |L|, no +-inf: an
+  absolute embedding acts at the input only) has no positional action of its own and is
+  left out, as for distance decay. Holds when > ``EFFECT_TOL`` (1e-3).
+* fused-kernel: two forwards of the whole encoder, once, on the first seed's model: the
+  probe's larger layout without padding and its build layout with ``PAD_TOKENS`` padding
+  tokens (65, 40, 60 and 29, 19, 23 tokens: no width of the probe, DIM, HEADS, head_dim,
+  P, 2 DIM or 3 DIM, so a (.., tokens, features) tensor never looks like a per-pair one).
+  They run with ``torch.nn.functional.scaled_dot_product_attention`` wrapped to record
+  ``attn_mask`` shapes, every layer's ``bias()`` wrapped to record its result, and a
+  ``TorchDispatchMode`` that records, while an attention layer runs (its q/k transform,
+  bias, anything else it computes), every operator's output with trailing dims (Nq, Nk) of
+  that call, Nq > 1 and Nk > 1: an encoding that builds a per-pair tensor where it returns
+  no bias (its own attention weights, say) does not keep the fused kernel's memory.
+  SDPA's own work is not recorded (the CPU's math fallback materialises N x N, the CUDA
+  kernels do not), nor broadcasts (the (B, 1, 1, Nk) key-padding mask expanded: a zero
+  stride). Holds when no layer returns a bias, no mask has shape (..., Nq, Nk) and no
+  per-pair tensor is built. Statistic: number of N x N tensors seen (biases, masks and
+  per-pair tensors, views counted again).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -85,7 +101,9 @@ from unittest import mock
 
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pe_bench.adapters.base import EncodingOptions, PositionEncoding, PositionLayout, Principle
 
@@ -118,7 +136,7 @@ CRITERIA = {
     Principle.DISTANCE_DECAY: f"mean Spearman(logit, distance) <= {DECAY_THRESHOLD:g}",
     Principle.DIRECTIONALITY: f"rms(A-A^T)/rms(A-mean A) > {EFFECT_TOL:g}",
     Principle.CONTEXT_AWARENESS: f"rel. change of positional part > {EFFECT_TOL:g}",
-    Principle.FUSED_KERNEL: "no bias and no (.., Nq>1, Nk>1) attn_mask",
+    Principle.FUSED_KERNEL: "no bias, no (.., Nq>1, Nk>1) attn_mask or tensor built in a layer",
 }
 
 __all__ = [
@@ -221,14 +239,18 @@ def _layers(model: TransformerEncoder) -> range:
     return range(len(model.blocks))
 
 
-def _logits(model: TransformerEncoder, x: Tensor, layout: PositionLayout, layer: int) -> Tensor:
+def _logits(
+    model: TransformerEncoder, x: Tensor, layout: PositionLayout, layer: int, perturbation: Tensor | None = None
+) -> Tensor:
     """Layer 0: the logits on the encoder's path (embedding included). A later layer: ``x``
     enters that layer's attention directly, on the prepared layout, so that its own
     positional action is measured (what earlier layers do to position-free tokens is the
-    cls check's business, and is already measured at their own layer)."""
+    cls check's business, and is already measured at their own layer). ``perturbation`` is
+    added to the tokens that enter the layer's attention (after ``norm1`` in layer 0)."""
     if layer == 0:
-        return model.layer_logits(x, layout)
-    return model.blocks[layer].attn.logits(x, model._input(x, layout)[1])
+        return model.layer_logits(x, layout, perturbation=perturbation)
+    tokens = x if perturbation is None else x + perturbation
+    return model.blocks[layer].attn.logits(tokens, model._input(x, layout)[1])
 
 
 def translation_invariance(
@@ -296,12 +318,7 @@ def moved_object(
         inside = set(at.tolist())
         rest = [i for i in range(n) if i not in inside]
         other[:, rest] = torch.randn(BATCH, len(rest), DIM, generator=gen)
-        doubled = PositionLayout(
-            coords=torch.cat([lay.coords, lay.coords]),
-            has_pos=torch.cat([lay.has_pos, lay.has_pos]),
-            grid_shape=lay.grid_shape,
-        )
-        logits = _logits(model, torch.cat([x, other]), doubled, layer)[:, :, at][:, :, :, at]
+        logits = _logits(model, torch.cat([x, other]), _repeated(lay, 2), layer)[:, :, at][:, :, :, at]
         return logits[:BATCH], logits[BATCH:]
 
     (ref, ref_other), (new, new_other) = block(x1, layout, first), block(x2, moved, second)
@@ -360,71 +377,159 @@ def _decay_and_direction(logits: Tensor, layout: PositionLayout, idx: Tensor) ->
     return rho, ratio.mean().item(), flat
 
 
-def context_awareness(model: TransformerEncoder, layout: PositionLayout, idx: Tensor, gen: torch.Generator) -> float:
-    """Largest relative change of the positional part Pi under content that leaves the
-    pair's own q and k unchanged (per head) or that belongs to other tokens."""
-    n = layout.coords.shape[1]
-    x = torch.randn(BATCH, n, DIM, generator=gen)
-    collapsed = collapse(layout)
+def _repeated(layout: PositionLayout, times: int) -> PositionLayout:
+    """``layout`` for a batch of ``times`` copies of its samples (one call for several inputs)."""
+    return PositionLayout(
+        coords=layout.coords.repeat(times, 1, 1),
+        has_pos=layout.has_pos.repeat(times, 1),
+        valid=None if layout.valid is None else layout.valid.repeat(times, 1),
+        grid_shape=layout.grid_shape,
+    )
 
-    def positional(delta: Tensor | None) -> tuple[Tensor, Tensor]:
-        logits = model.layer_logits(x, layout, perturbation=delta)
-        return logits - model.layer_logits(x, collapsed, perturbation=delta), logits
 
-    base, logits = positional(None)
+def _positional_parts(
+    model: TransformerEncoder, x: Tensor, layout: PositionLayout, layer: int, deltas: list[Tensor]
+) -> list[tuple[Tensor, Tensor]]:
+    """(Pi, L) of ``layer`` for each of ``deltas``: Pi = L(x, r) - L(x, r_bar), the delta added
+    to the tokens that enter its attention in both terms; all in one call per term."""
+    times = len(deltas)
+    xs, delta = x.repeat(times, 1, 1), torch.cat(deltas)
+    logits = _logits(model, xs, _repeated(layout, times), layer, delta)
+    pis = logits - _logits(model, xs, _repeated(collapse(layout), times), layer, delta)
+    return list(zip(pis.split(x.shape[0]), logits.split(x.shape[0]), strict=True))
 
-    def change(new: Tensor, old: Tensor, ref: Tensor) -> float:
-        # -inf - -inf is NaN in Pi: compare where both are finite; a -inf pattern that
-        # moves with content is a content-dependent positional term (score 1).
-        if not torch.equal(torch.isfinite(new), torch.isfinite(old)):
-            return 1.0
-        keep = torch.isfinite(old)
-        new, old = new[keep], old[keep]
-        denom = _rms(old) + _rms(new) + 1e-6 * _rms(ref[torch.isfinite(ref)]) + 1e-30
-        return (_rms(new - old) / denom).item() if keep.any() else 0.0
 
-    ratios = [0.0]
-    weight = model.blocks[0].attn.qkv.weight.detach().double()
+def _change(new: Tensor, old: Tensor, ref: Tensor) -> float:
+    """rms(new - old) / (rms(old) + rms(new) + 1e-6 rms(ref)) of two positional parts."""
+    # -inf - -inf is NaN in Pi: compare where both are finite; a -inf pattern that moves
+    # with content is a content-dependent positional term (score 1).
+    if not torch.equal(torch.isfinite(new), torch.isfinite(old)):
+        return 1.0
+    keep = torch.isfinite(old)
+    new, old = new[keep], old[keep]
+    denom = _rms(old) + _rms(new) + 1e-6 * _rms(ref[torch.isfinite(ref)]) + 1e-30
+    return (_rms(new - old) / denom).item() if keep.any() else 0.0
+
+
+def _has_positional_action(pi: Tensor, logits: Tensor) -> bool:
+    """Whether a positional part is not zero (up to 1e-5 max |L|): +-inf in Pi is a -inf
+    mask that moves with positions (NaN, -inf at both positions, is not)."""
+    if torch.isinf(pi).any():
+        return True
+    finite, ref = torch.isfinite(pi), logits[torch.isfinite(logits)]
+    scale = ref.abs().max().item() if ref.numel() else 0.0
+    return bool(finite.any()) and pi[finite].abs().max().item() > 1e-5 * scale
+
+
+def _head_null_space(weight: Tensor, head: int) -> Tensor:
+    """An orthonormal basis (rows) of the null space of head ``head``'s rows of W_q and W_k
+    in a qkv projection weight (3 DIM, DIM)."""
     hd = DIM // HEADS
+    rows = torch.cat([weight[head * hd : (head + 1) * hd], weight[DIM + head * hd : DIM + (head + 1) * hd]])
+    _, s, vh = torch.linalg.svd(rows.detach().double())
+    return vh[int((s > s.max() * 1e-10).sum()) :]
+
+
+def context_awareness(model: TransformerEncoder, layout: PositionLayout, idx: Tensor, gen: torch.Generator) -> float:
+    """Relative change of the positional part Pi under content that leaves the pair's own q
+    and k unchanged (per head) or that belongs to other tokens, the largest of those
+    perturbations; the smallest over the layers with a positional action of their own."""
+    x = torch.randn(BATCH, layout.coords.shape[1], DIM, generator=gen)
+    per_layer = [_layer_context_awareness(model, x, layout, idx, gen, k) for k in _layers(model)]
+    # A later layer whose positional part is zero has no positional action of its own (an
+    # absolute embedding acts at the input only), so nothing there to adapt to content: it
+    # is left out, as in decay_and_direction.
+    return min(ratio for k, (ratio, acts) in enumerate(per_layer) if k == 0 or acts)
+
+
+def _layer_context_awareness(
+    model: TransformerEncoder, x: Tensor, layout: PositionLayout, idx: Tensor, gen: torch.Generator, layer: int
+) -> tuple[float, bool]:
+    """(largest relative change of layer ``layer``'s Pi over the perturbations, whether its
+    Pi is non-zero at all); the null spaces are those of that layer's own W_q and W_k."""
+    n = layout.coords.shape[1]
+    # The perturbations, and which block of Pi each is compared on (pairs, head).
+    deltas, blocks = [torch.zeros_like(x)], []
     for h in range(HEADS):
-        rows = torch.cat([weight[h * hd : (h + 1) * hd], weight[DIM + h * hd : DIM + (h + 1) * hd]])
-        _, s, vh = torch.linalg.svd(rows)
-        rank = int((s > s.max() * 1e-10).sum())
-        null = vh[rank:]
+        null = _head_null_space(model.blocks[layer].attn.qkv.weight, h)
         if null.shape[0] == 0:
             continue
         noise = torch.randn(BATCH, n, DIM, generator=gen, dtype=torch.float64)
         delta = noise @ null.T @ null
-        delta = delta * (math.sqrt(DIM) / delta.norm(dim=-1, keepdim=True).clamp_min(1e-12))
-        new, _ = positional(delta.float())
-        ratios.append(change(_pp(new, idx)[:, h], _pp(base, idx)[:, h], _pp(logits, idx)[:, h]))
+        deltas.append((delta * (math.sqrt(DIM) / delta.norm(dim=-1, keepdim=True).clamp_min(1e-12))).float())
+        blocks.append((idx, h))
     order = idx[torch.randperm(len(idx), generator=gen)]
     changed, kept = order[: len(idx) // 2], order[len(idx) // 2 :]
     if len(kept) >= 2:
         delta = torch.zeros(BATCH, n, DIM)
         delta[:, changed] = torch.randn(BATCH, len(changed), DIM, generator=gen)
-        new, _ = positional(delta)
-        ratios.append(change(_pp(new, kept), _pp(base, kept), _pp(logits, kept)))
-    return max(ratios)
+        deltas.append(delta)
+        blocks.append((kept, slice(None)))
+    (base, logits), *perturbed = _positional_parts(model, x, layout, layer, deltas)
+    ratios = [
+        _change(_pp(new, rows)[:, head], _pp(base, rows)[:, head], _pp(logits, rows)[:, head])
+        for (new, _), (rows, head) in zip(perturbed, blocks, strict=True)
+    ]
+    return max([0.0, *ratios]), _has_positional_action(_pp(base, idx), _pp(logits, idx))
 
 
 @dataclass
 class _Spy:
+    """What a spied forward saw: SDPA's ``attn_mask`` shapes, every ``bias()`` result's shape,
+    and the per-pair tensors the attention layers built ("operator (shape)")."""
+
     masks: list[tuple[int, ...] | None] = field(default_factory=list)
     biases: list[tuple[int, ...] | None] = field(default_factory=list)
+    pairs: list[str] = field(default_factory=list)
+
+
+class _PairTensors(TorchDispatchMode):
+    """Records every tensor an operator returns whose trailing dims are the (Nq, Nk) of the
+    attention call in progress (``pair``; None: nothing is recorded).
+
+    A broadcast (a zero stride in those dims, as the (B, 1, 1, Nk) key-padding mask expanded)
+    holds no Nq x Nk memory and is left out; a view of a per-pair tensor is counted again."""
+
+    def __init__(self, found: list[str]) -> None:
+        super().__init__()
+        self.found = found
+        self.pair: tuple[int, int] | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.pair is not None:
+            for t in pytree.tree_leaves(out):
+                if self._per_pair(t):
+                    self.found.append(f"{func.overloadpacket.__name__} {tuple(t.shape)}")
+        return out
+
+    def _per_pair(self, t: Any) -> bool:
+        if not isinstance(t, Tensor) or t.layout != torch.strided or t.dim() < 2:
+            return False
+        return t.shape[-2:] == self.pair and 0 not in t.stride()[-2:]
+
+    @contextlib.contextmanager
+    def recording(self, pair: tuple[int, int] | None) -> Iterator[None]:
+        previous, self.pair = self.pair, pair
+        try:
+            yield
+        finally:
+            self.pair = previous
 
 
 def _run_spied(model: TransformerEncoder, runs: Iterable[tuple[Tensor, PositionLayout]]) -> _Spy:
     spy = _Spy()
+    pairs = _PairTensors(spy.pairs)
     original_sdpa = F.scaled_dot_product_attention
 
     def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, *args, **kwargs):
         spy.masks.append(None if attn_mask is None else tuple(attn_mask.shape))
-        return original_sdpa(query, key, value, attn_mask, *args, **kwargs)
+        # What the kernel computes inside is the kernel's business (CPU's math fallback
+        # materialises Nq x Nk, CUDA's fused kernels do not): only its inputs are judged.
+        with pairs.recording(None):
+            return original_sdpa(query, key, value, attn_mask, *args, **kwargs)
 
-    layers = {id(b.attn.encoding): b.attn.encoding for b in model.blocks if b.attn.encoding is not None}
-
-    def wrap(method: Callable[..., Tensor | None]) -> Callable[..., Tensor | None]:
+    def recorded_bias(method: Callable[..., Tensor | None]) -> Callable[..., Tensor | None]:
         def bias(*args, **kwargs):
             out = method(*args, **kwargs)
             spy.biases.append(None if out is None else tuple(out.shape))
@@ -432,23 +537,44 @@ def _run_spied(model: TransformerEncoder, runs: Iterable[tuple[Tensor, PositionL
 
         return bias
 
-    for layer in layers.values():
-        object.__setattr__(layer, "bias", wrap(layer.bias))
-    try:
-        with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", sdpa), torch.no_grad():
-            for x, layout in runs:
-                model(x, layout)
-    finally:
+    def recorded_pairs(forward: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        def attend(x: Tensor, query: PositionLayout, context: Tensor | None = None, *args, **kwargs) -> Tensor:
+            n_q, n_k = x.shape[1], (x if context is None else context).shape[1]
+            with pairs.recording((n_q, n_k) if n_q > 1 and n_k > 1 else None):
+                return forward(x, query, context, *args, **kwargs)
+
+        return attend
+
+    layers = {id(b.attn.encoding): b.attn.encoding for b in model.blocks if b.attn.encoding is not None}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", sdpa))
         for layer in layers.values():
-            object.__delattr__(layer, "bias")
+            stack.enter_context(mock.patch.object(layer, "bias", recorded_bias(layer.bias)))
+        for block in model.blocks:
+            stack.enter_context(mock.patch.object(block.attn, "forward", recorded_pairs(block.attn.forward)))
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(pairs)
+        for x, layout in runs:
+            model(x, layout)
     return spy
 
 
-def fused_kernel(model: TransformerEncoder, layout: PositionLayout, gen: torch.Generator) -> tuple[float, str]:
-    """(number of N x N biases and masks seen in a forward with and without padding, note)."""
-    x = torch.randn(BATCH, layout.coords.shape[1], DIM, generator=gen)
-    padded, xp = with_padding(layout, x, PAD_TOKENS, gen)
-    spy = _run_spied(model, [(x, layout), (xp, padded)])
+def _fused_kernel_runs(probe: Probe, gen: torch.Generator) -> list[tuple[Tensor, PositionLayout]]:
+    """(tokens, layout) of the fused-kernel forwards: the larger layout without padding and
+    the build layout with ``PAD_TOKENS`` padding tokens, 65, 40, 60 and 29, 19, 23 tokens:
+    never a width of the probe (DIM, HEADS, head_dim, P, the MLP's and qkv's), so that a
+    tensor of tokens x features cannot pass for a per-pair one (the build sizes 16 = head_dim
+    would)."""
+    larger, build = probe.larger_layout(BATCH, gen), probe.layout(BATCH, gen)
+    x = torch.randn(BATCH, larger.coords.shape[1], DIM, generator=gen)
+    padded, xp = with_padding(build, torch.randn(BATCH, build.coords.shape[1], DIM, generator=gen), PAD_TOKENS, gen)
+    return [(x, larger), (xp, padded)]
+
+
+def fused_kernel(model: TransformerEncoder, probe: Probe, gen: torch.Generator) -> tuple[float, str]:
+    """(number of Nq x Nk tensors seen in a forward with and without padding: biases, masks
+    and per-pair tensors the attention layers built, note)."""
+    spy = _run_spied(model, _fused_kernel_runs(probe, gen))
     square = [m for m in spy.masks if m is not None and len(m) >= 2 and m[-1] > 1 and m[-2] > 1]
     biases = [b for b in spy.biases if b is not None]
     notes = []
@@ -456,10 +582,12 @@ def fused_kernel(model: TransformerEncoder, layout: PositionLayout, gen: torch.G
         notes.append(f"bias() returned {biases[0]}")
     if square:
         notes.append(f"attn_mask {square[0]}")
+    if spy.pairs:
+        notes.append(f"{len(spy.pairs)} per-pair tensors built in the layers, the first by {spy.pairs[0]}")
     if not notes:
         masks = sorted({str(m) for m in spy.masks})
         notes.append(f"attn_mask shapes {', '.join(masks)}")
-    return float(len(square) + len(biases)), "; ".join(notes)
+    return float(len(square) + len(biases) + len(spy.pairs)), "; ".join(notes)
 
 
 # --------------------------------------------------------------------------- one geometry
@@ -511,9 +639,7 @@ def measure_principles(
     # The fused-kernel statistic and the protocol checks run on the first seed's model
     # with randomised encoding parameters.
     model = build_model(cls, probe, options, seeds[0] if seeds else SEEDS[0], randomise=True)
-    gen = torch.Generator().manual_seed(2024)
-    layout = probe.layout(BATCH, gen)
-    value, err = run_safely(lambda: fused_kernel(model, layout, gen))
+    value, err = run_safely(lambda: fused_kernel(model, probe, torch.Generator().manual_seed(2024)))
     if err:
         errors[Principle.FUSED_KERNEL] = err
     else:

@@ -20,7 +20,8 @@ from pe_bench.adapters import (
     get,
 )
 from pe_bench.harness.conformance import PROBES, Report, measure, principles_table
-from pe_bench.harness.conformance.probes import BATCH, DIM, build_model, with_padding
+from pe_bench.harness.conformance.principles import _fused_kernel_runs
+from pe_bench.harness.conformance.probes import BATCH, DIM, HEADS, build_model, with_padding
 
 NAMES = available()
 
@@ -226,6 +227,86 @@ def test_suite_catches_false_context_and_fused_claims() -> None:
     assert not report.check_failures(), report.format()  # the protocol itself is respected
     assert len(report.principle_failures()) == 2
     assert math.isfinite(report.principles[Principle.TRANSLATION_INVARIANCE].statistic)
+
+
+class ContentDecay(LayerEncoding):
+    """-softplus(w_h . x_i) |r_j - r_i|^2: each query's decay adapts to its content (PaPE's a_i)."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.a = nn.Linear(dim, heads)
+
+    def bias(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        rate = nn.functional.softplus(self.a(inputs.x_q)).transpose(1, 2)  # (B, H, Nq)
+        dist2 = torch.cdist(inputs.query.coords_or_zero(torch.float32), inputs.key.coords_or_zero(torch.float32))
+        pair = inputs.query.has_pos.unsqueeze(-1) & inputs.key.has_pos.unsqueeze(-2)
+        return -rate.unsqueeze(-1) * torch.where(pair, dist2.square(), 0.0).unsqueeze(1)
+
+
+class ContextInLayerZero(PositionEncoding):
+    """Claims context awareness, but only layer 0 adapts its decay to content: later layers
+    have a fixed Gaussian decay."""
+
+    name = "broken-context-layer0"
+    principles = frozenset({Principle.TRANSLATION_INVARIANCE, Principle.CONTEXT_AWARENESS})
+
+    def make_layer(self, layer_index: int) -> LayerEncoding:
+        if layer_index == 0:
+            return ContentDecay(self.dim, self.num_heads)
+        return GaussianBias(self.num_heads, directional=False)
+
+
+class ContextInEveryLayer(ContextInLayerZero):
+    name = "context-every-layer"
+
+    def make_layer(self, layer_index: int) -> LayerEncoding:
+        return ContentDecay(self.dim, self.num_heads)
+
+
+def test_suite_measures_context_awareness_in_every_layer() -> None:
+    # The same content-dependent decay in every layer is context-aware ...
+    assert measure(ContextInEveryLayer).principles[Principle.CONTEXT_AWARENESS].measured is True
+    # ... in layer 0 only, it is not: the content-free later layer counts.
+    report = measure(ContextInLayerZero)
+    result = report.principles[Principle.CONTEXT_AWARENESS]
+    assert result.declared and result.measured is False and result.statistic < 1e-4, report.format()
+    assert report.principles[Principle.TRANSLATION_INVARIANCE].measured is True
+    assert [f.split(":")[0] for f in report.principle_failures()] == ["context-awareness"]
+
+
+class KeyMixing(LayerEncoding):
+    """Mixes the keys by attention weights of its own, softmax(q k^T / sqrt(E)) k: no bias, but
+    an Nq x Nk tensor per head, which a fused kernel never holds."""
+
+    def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        if inputs.key.valid is not None:
+            scores = scores.masked_fill(~inputs.key.valid[:, None, None, :], float("-inf"))
+        return q, k + scores.softmax(-1) @ k
+
+
+class OwnAttentionWeights(PositionEncoding):
+    name = "broken-own-attention"
+    principles = frozenset({Principle.FUSED_KERNEL})
+
+    def make_layer(self, layer_index: int) -> LayerEncoding:
+        return KeyMixing()
+
+
+def test_suite_catches_a_per_pair_tensor_without_a_bias() -> None:
+    result = measure(OwnAttentionWeights).principles[Principle.FUSED_KERNEL]
+    assert result.declared and result.measured is False, result
+    assert "per-pair tensors built in the layers" in result.note
+    assert "bias()" not in result.note and "attn_mask (" not in result.note  # no bias, no N x N mask
+    assert all(result.per_geometry[probe.key] > 0 for probe in PROBES), result.per_geometry  # caught everywhere
+
+
+@pytest.mark.parametrize("probe", PROBES, ids=[probe.key for probe in PROBES])
+def test_fused_kernel_token_counts_are_no_width_of_the_probe(probe) -> None:
+    """A (.., tokens, features) tensor must not look like a per-pair (Nq, Nk) one."""
+    widths = {DIM, HEADS, DIM // HEADS, 2 * DIM, 3 * DIM, *range(1, probe.geometry.pos_dim + 1)}
+    for x, layout in _fused_kernel_runs(probe, torch.Generator().manual_seed(0)):
+        assert x.shape[1] == layout.coords.shape[1] and x.shape[1] not in widths
 
 
 class BasisTwice(LayerEncoding):
