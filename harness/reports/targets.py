@@ -119,6 +119,10 @@ CUDA_CHANGES = (
         "d595157", "2026-12-01T22:41:46+00:00", 61, "position-free tokens left out by where",
         ("rope", "rope-mixed", *_STRINGS, *_PAPES, "pape-ri", "cape"),
     ),  # fmt: skip
+    Change(
+        "bc968f2", "2026-12-02T07:10:01+00:00", 63, "position-free coordinates zeroed by where",
+        ("rope", "rope-mixed", *_STRINGS, "sincos", "cape", "wepe"),
+    ),  # fmt: skip
 )
 
 #: the code of the second GPU run (d05085a): ``CUDA_CHANGES`` lists what changed after it
