@@ -163,3 +163,17 @@ def test_a_sweep_token_count_that_is_no_square_is_refused_naming_squares(capsys)
     err = capsys.readouterr().err
     assert "token counts must be squares" in err and "1000 (e.g. 961 or 1024)" in err
 
+
+
+def test_gflops_are_counted_in_the_dtype_the_timed_passes_run():
+    """On CUDA the timed passes run under bf16 autocast, where PaPE's widened features carry
+    the split (hi and lo columns): more FLOPs than in float32. Counted here under CPU autocast."""
+    from pe_bench.harness.reports.bench import flops_per_image
+
+    spec = BenchSpec(model="tiny", methods=("pape",))
+    counts = {}
+    for method in ("nopos", "rope", "pape"):
+        model, size = _build_vit(method, spec)
+        counts[method] = (flops_per_image(model, size, "cpu"), flops_per_image(model, size, "cpu", torch.bfloat16))
+    assert counts["nopos"][0] == counts["nopos"][1] and counts["rope"][0] == counts["rope"][1]
+    assert counts["pape"][1] > counts["pape"][0] > counts["nopos"][0]
