@@ -31,6 +31,7 @@ weights and inputs; on CUDA it is
 
 from __future__ import annotations
 
+import gc
 import resource
 import subprocess
 import sys
@@ -217,16 +218,49 @@ def _chosen_sdpa_kernels(run: Callable[[], None]) -> str:
     return "+".join(sorted(chosen)) or "none (own attention)"
 
 
+def failure_cell(error: BaseException) -> str:
+    """How a failed measurement appears in a table (out of memory, kernel errors, ...): the
+    cell says what happened where the figure would be, and the rest of the table stands."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return "OOM"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    return f"error: {' '.join(lines[:2])[:80]}"  # pydantic names the bad key on line 2
+
+
+def _measured_or_failure(measure: Callable[..., object], *args: object) -> object:
+    """``measure(*args)``, or its failure as a cell (``failure_cell``)."""
+    try:
+        return measure(*args)
+    except Exception as error:  # OOM, a kernel that refuses the shapes, ...
+        _release_cuda_memory()
+        return failure_cell(error)
+
+
+def _release_cuda_memory() -> None:
+    """After an OOM the failed call's tensors are garbage, not yet freed: free them, so that the
+    next measurement starts from what the living models hold, not from the failed peak."""
+    if torch.cuda.is_available():
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 # a compiled model past Dynamo's recompile limit would run uncompiled, silently: an error instead
 @torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
 def forward_table(spec: BenchSpec) -> pd.DataFrame:
     """PaPE Table 4 and more, per method: inference time per image at each batch size, one
     training step, peak inference memory, positional parameters; each with its ratio to nopos
-    measured in the same run."""
+    measured in the same run. A measurement that fails (out of memory at the large batch, a
+    kernel that refuses the shapes, a method that cannot be built) is a cell saying so
+    (``failure_cell``); its ratio stays empty. Only nopos must build: every ratio is to it."""
     methods = list(dict.fromkeys(("nopos", *spec.methods)))
-    models, size = {}, None
+    models, unbuilt, size = {}, {}, None
     for method in methods:
-        models[method], size = _build_vit(method, spec)
+        try:
+            models[method], size = _build_vit(method, spec)
+        except Exception as error:
+            if method == "nopos":  # the model or image size itself is wrong: no table to make
+                raise
+            unbuilt[method] = failure_cell(error)
     inputs = {b: torch.randn(b, 3, size, size, device=spec.device) for b in spec.batches}
     # (column, images per call, callable) for every measurement of every method
     jobs: dict[str, list[tuple[str, int, object]]] = {}
@@ -240,48 +274,72 @@ def forward_table(spec: BenchSpec) -> pd.DataFrame:
             jobs[method].append((f"train_step_ms_b{spec.train_batch}", 1, _TrainStep(model, images, spec.device)))
     threads = spec.threads or torch.get_num_threads()
     samples: dict[tuple[str, str], list[benchmark.Measurement]] = {}
+    failed: dict[tuple[str, str], str] = {}  # a job that failed once is not timed again
     with recording(spec.compile) as compiled:  # the kernels the compiled graphs run (``--compile``)
         for _ in range(spec.repeats):  # interleaved, so a noisy machine's drift hits every method alike
-            for method in methods:
+            for method in models:
                 for column, _, job in jobs[method]:
+                    if (method, column) in failed:
+                        continue
                     timer = benchmark.Timer("job()", globals={"job": job}, num_threads=threads, label=column,
                                             sub_label=method)  # fmt: skip
                     with compiled.attributing(f"{method}:{column.split('_', 1)[0]}"):  # train / infer
-                        samples.setdefault((method, column), []).append(timer.timeit(number=1))
+                        outcome = _measured_or_failure(timer.timeit, 1)
+                    if isinstance(outcome, str):
+                        failed[(method, column)] = outcome
+                        samples.pop((method, column), None)
+                    else:
+                        samples.setdefault((method, column), []).append(outcome)
     times = {key: benchmark.Measurement.merge(measured)[0] for key, measured in samples.items()}
-    memory = {m: vit_peak_memory(m, spec) for m in methods}
+    memory = {m: _measured_or_failure(vit_peak_memory, m, spec) for m in models}
     first = inputs[spec.batches[0]]
+    low = torch.bfloat16 if spec.device.startswith("cuda") else None  # as the timed passes run
     rows = []
     for method in methods:
         row: dict[str, object] = {"method": method}
+        if method in unbuilt:
+            row["sdpa"] = unbuilt[method]
+            rows.append(row)
+            continue
+        model = models[method]
         for column, per_call, _ in jobs[method]:
-            measured = times[(method, column)]
+            if (method, column) in failed:
+                row[column] = failed[(method, column)]
+                continue
+            measured, reference = times[(method, column)], times.get(("nopos", column))
             row[column] = round(measured.median * 1000 / per_call, 3)
             row[f"{column}_iqr"] = round(measured.iqr * 1000 / per_call, 3)
-            row[f"{column}_vs_nopos"] = round(measured.median / times[("nopos", column)].median, 3)
+            row[f"{column}_vs_nopos"] = None if reference is None else round(measured.median / reference.median, 3)
         # Counted on the dense path: the counters are dispatch modes, inside which a compiled
         # Flex kernel cannot run (and eager Flex has no backward on CPU); the same arithmetic.
         with attention_kernel("dense"):
-            low = torch.bfloat16 if spec.device.startswith("cuda") else None  # as the timed passes run
-            row["gflops_per_image"] = round(flops_per_image(models[method], size, spec.device, low) / 1e9, 4)
+            flops = _measured_or_failure(flops_per_image, model, size, spec.device, low)
+        row["gflops_per_image"] = round(flops / 1e9, 4) if isinstance(flops, int) else flops
         row["peak_mib"] = memory[method]
-        row["mem_vs_nopos"] = None if not memory["nopos"] or memory[method] is None else round(
-            memory[method] / memory["nopos"], 3
-        )  # fmt: skip
-        row["pos_params"] = _positional_parameters(models[method])
-        row["params"] = sum(p.numel() for p in models[method].parameters())
-        row["sdpa"] = sdpa_backend(models[method], first, spec.device)
+        numbers = all(isinstance(memory[m], float) for m in ("nopos", method))
+        row["mem_vs_nopos"] = round(memory[method] / memory["nopos"], 3) if numbers and memory["nopos"] else None
+        row["pos_params"] = _positional_parameters(model)
+        row["params"] = sum(p.numel() for p in model.parameters())
+        row["sdpa"] = _measured_or_failure(sdpa_backend, model, first, spec.device)
         if spec.compile:  # the kernel its compiled graphs call; and no operator counts: it runs fused kernels
             row["sdpa"] = compiled.column(method, row["sdpa"])
         else:
-            low = torch.bfloat16 if spec.device.startswith("cuda") else None  # as the timed passes run
             with attention_kernel("dense"):
-                row["ops_fwd"], row["ops_train"] = operators_per_pass(models[method], first[:1], low)
-                row["host_syncs_train"] = len(host_syncs_per_step(models[method], first[:1]).syncs)
-                if spec.train_batch:
-                    row[f"written_mib_train_b{spec.train_batch}_bf16"] = bf16_mib_written(models[method], size, spec)
+                operators = _measured_or_failure(_operator_columns, model, first[:1], size, low, spec)
+                row.update(operators if isinstance(operators, dict) else {"ops_fwd": operators})
         rows.append(row)
     return pd.DataFrame(rows).set_index("method")
+
+
+def _operator_columns(model, image, size: int, low: torch.dtype | None, spec: BenchSpec) -> dict[str, object]:
+    """The machine-independent columns of an eager model (operators, host syncs, MiB written);
+    one failure fails them all, as they run the same passes."""
+    columns: dict[str, object] = {}
+    columns["ops_fwd"], columns["ops_train"] = operators_per_pass(model, image, low)
+    columns["host_syncs_train"] = len(host_syncs_per_step(model, image).syncs)
+    if spec.train_batch:
+        columns[f"written_mib_train_b{spec.train_batch}_bf16"] = bf16_mib_written(model, size, spec)
+    return columns
 
 
 def bf16_mib_written(model: torch.nn.Module, size: int, spec: BenchSpec) -> float:
@@ -365,7 +423,7 @@ def _vit_memory_child(method: str, model_name: str, batch: int, image_size: int 
 
 
 def _child_failure(stderr: str, returncode: int) -> str:
-    """A failed subprocess measurement as a table cell, as ``_failure`` writes an exception's:
+    """A failed subprocess measurement as a table cell, as ``failure_cell`` writes an exception's:
     "OOM" for the allocator's error (CPU or CUDA, or the kernel's OOM killer), else
     "error: " and the error's last line, e.g. "CUDA error: invalid argument"."""
     if "OutOfMemoryError" in stderr or "out of memory" in stderr.lower() or returncode == -9:

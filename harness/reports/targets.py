@@ -244,7 +244,7 @@ def _judge(target: Target, run: GpuRun, row: dict) -> tuple[str, str]:
         return figure, "met" if row["peak_mib"] < one_head_scores_mib else "not met"
     ratio = run.train_ratio(row)
     if ratio is None:
-        # how a failed measurement reads (throughput._failure): in the kernel column when the
+        # how a failed measurement reads (bench.failure_cell): in the kernel column when the
         # whole encoding failed, in the training cell when only its training step did
         for failure in (str(row.get("kernel", "")), str(row.get("train_img_s_b128", ""))):
             if failure.startswith(("error", "OOM")):

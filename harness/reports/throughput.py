@@ -25,6 +25,7 @@ from pe_bench.harness.reports.bench import (
     _inference,
     _TrainStep,
     compile_for_bench,
+    failure_cell,
     sdpa_backend,
 )
 from pe_bench.harness.reports.compiled_attention import recording
@@ -193,14 +194,6 @@ def attention_kernels(model: torch.nn.Module, images: torch.Tensor, device: str)
     return "FLEX" if sdpa.startswith("none") else f"FLEX+{sdpa}"
 
 
-def _failure(error: BaseException) -> str:
-    """How a failed measurement appears in the table (out of memory, kernel errors, ...)."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return "OOM"
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
-    return f"error: {' '.join(lines[:2])[:80]}"  # pydantic names the bad key on line 2
-
-
 @dataclass
 class _Baseline:
     """nopos's measuring jobs, alive through the whole img/s table so that every other row's
@@ -245,7 +238,7 @@ def _measure_method(
         if spec.compile:
             compile_for_bench(model)
     except Exception as error:  # a method that cannot even be built is one row of the table
-        row["kernel"] = _failure(error)
+        row["kernel"] = failure_cell(error)
         return row, {}
     ran: dict[str, tuple[Callable[[], None], PairedTiming]] = {}
     # the largest batch first, so that its training peak holds no smaller batch's optimiser
@@ -277,7 +270,7 @@ def _measure_method(
                     reference = None if baseline is None else baseline.jobs.get(column)
                     timing = paired_timing(job, reference, spec.repeats, threads)
                 except Exception as error:  # OOM, a kernel that refuses the shapes, ...
-                    row[column] = _failure(error)
+                    row[column] = failure_cell(error)
                     continue
                 row[column] = round(batch / timing.median_seconds, 1)
                 if reference is not None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import torch
 
 from pe_bench.harness.cli import main
+from pe_bench.harness.reports import bench as bench_module
 from pe_bench.harness.reports import sweep as sweep_module
 from pe_bench.harness.reports.bench import BenchSpec, _build_vit, forward_table, sdpa_backend
 from pe_bench.harness.reports.sweep import sweep_markdown, sweep_table
@@ -164,7 +166,6 @@ def test_a_sweep_token_count_that_is_no_square_is_refused_naming_squares(capsys)
     assert "token counts must be squares" in err and "1000 (e.g. 961 or 1024)" in err
 
 
-
 def test_gflops_are_counted_in_the_dtype_the_timed_passes_run():
     """On CUDA the timed passes run under bf16 autocast, where PaPE's widened features carry
     the split (hi and lo columns): more FLOPs than in float32. Counted here under CPU autocast."""
@@ -177,3 +178,29 @@ def test_gflops_are_counted_in_the_dtype_the_timed_passes_run():
         counts[method] = (flops_per_image(model, size, "cpu"), flops_per_image(model, size, "cpu", torch.bfloat16))
     assert counts["nopos"][0] == counts["nopos"][1] and counts["rope"][0] == counts["rope"][1]
     assert counts["pape"][1] > counts["pape"][0] > counts["nopos"][0]
+
+
+def test_a_forward_table_measurement_that_fails_is_a_cell_not_a_crash(monkeypatch):
+    """An encoding out of memory at the large batch (on a GPU: alibi's N x N bias) was a crash of
+    the whole command that lost every other method's row. Now the cell says OOM, its ratio stays
+    empty, the rest of its row and the other rows are measured; a method that cannot be built is
+    a row whose kernel cell names the error."""
+    real = bench_module._inference
+
+    def rope_out_of_memory_at_batch_4(model, images, device):
+        if images.shape[0] == 4 and model.encoding.name == "rope":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+        return real(model, images, device)
+
+    monkeypatch.setattr(bench_module, "_inference", rope_out_of_memory_at_batch_4)
+    spec = BenchSpec(model="tiny", methods=("rope", "pape[nonsense=1]"), batches=(1, 4), train_batch=2, repeats=2)
+    table = forward_table(spec)
+    assert list(table.index) == ["nopos", "rope", "pape[nonsense=1]"]
+    assert table.loc["rope", "infer_ms_per_image_b4"] == "OOM"
+    assert pd.isna(table.loc["rope", "infer_ms_per_image_b4_vs_nopos"])
+    assert float(table.loc["nopos", "infer_ms_per_image_b4"]) > 0  # nopos's own b4 is measured
+    assert float(table.loc["rope", "infer_ms_per_image_b1"]) > 0 and table.loc["rope", "train_step_ms_b2"] > 0
+    assert table.loc["rope", "gflops_per_image"] == table.loc["nopos", "gflops_per_image"]
+    unbuilt = table.loc["pape[nonsense=1]", "sdpa"]
+    assert unbuilt.startswith("error:") and "nonsense" in unbuilt
+    assert pd.isna(table.loc["pape[nonsense=1]", "infer_ms_per_image_b1"])

@@ -145,7 +145,7 @@ def test_the_first_runs_ratio_of_medians_and_a_failed_row(tmp_path):
 
 def test_a_training_step_that_failed_alone_is_a_failed_row_not_a_crash(tmp_path):
     """Inference measured, the training step out of memory: the failure's text sits in the
-    training cell (throughput._failure), which the ratio must not divide by (it did: TypeError,
+    training cell (bench.failure_cell), which the ratio must not divide by (it did: TypeError,
     and every `.ci/gpu` part ending with the targets table lost it)."""
     rows = [
         {"method": "nopos", "kernel": "CUDNN_ATTENTION", "train_img_s_b128": 2000.0},
