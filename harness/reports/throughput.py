@@ -92,7 +92,9 @@ def encoding_flops(
       and interpolation, 2 E + 12, plus q . e[p] at every integer position, 2 E npos_max per
       query (as much as the gates at the default npos_max, the grid + 1; until stop 61 left
       out, which put CoPE's bound at 1.022 instead of 1.043 at ViT-B); SaPE²: gates 2 E + 4,
-      and Eq. 15's two distances over the W + H vector entries, 3 (W + H).
+      and Eq. 15's two distances over the W + H vector entries, 3 (W + H), plus per axis
+      q . e[p] at every integer position of its table, 2 E npos_max per query (npos_max the
+      longer side + 1 by default; until stop 64 left out, as CoPE's was).
     * widened q/k (pape, pape-ri, efficient): q.k over the extra channels, 2 N^2 H w (v
       stays unpadded on CUDA), with w after the bf16 hi/lo split (3x, ``bf16``) and padding;
       plus the coefficient projections (PaPE: W_a, W_b: 4 N D H m; W_p: 2 N H m P; the
@@ -136,7 +138,8 @@ def encoding_flops(
         npos_max = options.get("npos_max") or side * side + 1  # CoPE's default: the grid + 1
         return pairs * (2.0 * e + 12) + layers * h * n * 2.0 * e * npos_max
     if parsed.name == "sape2":
-        return pairs * (2.0 * e + 4 + 3 * 2 * side)
+        npos_max = options.get("npos_max") or side + 1  # SaPE²'s default: the longer grid side + 1
+        return pairs * (2.0 * e + 4 + 3 * 2 * side) + layers * h * n * 2 * 2.0 * e * npos_max
     if parsed.name == "pape":
         pape_options = PaPEOptions(**options)
         m = pape_options.m if pape_options.project else p

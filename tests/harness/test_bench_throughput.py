@@ -156,6 +156,36 @@ def test_cope_model_counts_its_gate_and_position_products_as_flop_counter_mode_d
     assert encoding_flops("cope", config, tokens) - elementwise == pytest.approx(extra_matmuls)
 
 
+def test_sape2_model_counts_its_gate_and_table_products_as_flop_counter_mode_does():
+    """SaPE²'s matrix products per layer: the gates' q . k (2 E per pair) and, per axis, the probe
+    against its table at every integer position (2 E npos_max per query; until stop 64 left out);
+    the model's remainder, 4 + 3 (W + H) per pair, is elementwise work the counter skips (the
+    distances are computed without matrix products, compute_mode donot_use_mm)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pe_bench.adapters import Geometry, build
+    from pe_bench.adapters.base import PositionLayout
+    from pe_bench.harness.attention import Attention, attention_kernel
+
+    config = type(VIT_B)(dim=64, depth=1, num_heads=4, mlp_ratio=4.0)
+    for side, npos_max in ((4, None), (5, 9)):
+        tokens = side * side + 1
+        geometry = Geometry(pos_dim=2, grid_shape=(side, side), num_prefix_tokens=1)
+        encoding = build("sape2", geometry, 64, 4, 1, {"npos_max": npos_max})
+        layer = Attention(64, 4, encoding.make_layer(0)).eval()
+        layout = encoding.prepare(PositionLayout.grid(1, (side, side), 1))
+        x = torch.randn(1, tokens, 64)
+        with torch.no_grad(), attention_kernel("dense"):
+            with FlopCounterMode(display=False) as bare:
+                Attention(64, 4).eval()(x, layout)
+            with FlopCounterMode(display=False) as counted:
+                layer(x, layout)
+        extra_matmuls = counted.get_total_flops() - bare.get_total_flops()
+        elementwise = 4 * tokens**2 * (4 + 3 * 2 * side)
+        method = "sape2" if npos_max is None else f"sape2[npos_max={npos_max}]"
+        assert encoding_flops(method, config, tokens) - elementwise == pytest.approx(extra_matmuls)
+
+
 def test_bench_command_prints_the_throughput_table_and_compiles_on_request(capsys, monkeypatch):
     compiled = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compiled.append(type(self).__name__))
