@@ -31,6 +31,12 @@ from pe_bench.harness.reports.bench import (
 from pe_bench.harness.reports.compiled_attention import recording
 from pe_bench.harness.reports.paired import PairedTiming, paired_timing, time_call
 
+#: real FLOPs of one lattice term of WePE's truncated sums, per token (adapters/wepe.py's
+#: ``weierstrass``): the complex difference (2), its modulus and the pole test (4), the
+#: reciprocal (7), its square and cube (6 + 6), and the two sums (2 + 2); an estimate of
+#: elementwise work, as the other encodings' elementwise terms are.
+WEPE_FLOPS_PER_TERM = 29
+
 #: the encodings of the GPU table (issue 16), nopos first.
 THROUGHPUT_METHODS = (
     "nopos", "sincos", "abspos", "cape", "rope", "rope-mixed", "string-cayley", "string-circulant",
@@ -76,7 +82,9 @@ def encoding_flops(
     ``device``, by the encoding's action point; None for an encoding the model does not know.
 
     * embed (sincos, abspos, cape): one add per token channel, N D (plus CAPE/sincos
-      features, a few per channel): 4 N D.
+      features, a few per channel): 4 N D. WePE: its Linear(4 -> D), 8 N D, until stop 64
+      left out (the model counted 4 N D, half the matrix product alone), gamma and the add,
+      and the Weierstrass sums per token, about 27 per lattice term (``num_terms``, 120).
     * rotation of q and k (rope, rope-mixed, STRING) per layer: 3 per q/k channel (pairs:
       4 multiplies, 2 adds) on 2 N D channels, plus angles and cos/sin, ~ 2 N D: 8 N D.
       Both STRINGs add a basis change on q and k. Applied per token (``basis: per_token``,
@@ -121,8 +129,15 @@ def encoding_flops(
     v_padded = torch.device(device).type != "cuda"  # CUDA's SDPA takes v narrower than q and k
     if parsed.name == "nopos":
         return 0.0
-    if parsed.name in ("sincos", "abspos", "cape", "wepe"):
+    if parsed.name in ("sincos", "abspos", "cape"):
         return 4.0 * n * d
+    if parsed.name == "wepe":
+        # Linear(4 -> D) (8 N D), gamma and the add (2 N D); the features: direct, the
+        # truncated Weierstrass sums per token (``WEPE_FLOPS_PER_TERM`` per lattice term); LUT,
+        # a bilinear sample of the 4 channels (the table is built once per step for the batch)
+        if options.get("mode", "direct") == "lut":
+            return 10.0 * n * d + n * 4 * 8.0
+        return 10.0 * n * d + n * WEPE_FLOPS_PER_TERM * options.get("num_terms", 120)
     if parsed.name in ("rope", "rope-mixed"):
         return layers * 8.0 * n * d
     if parsed.name in ("string-cayley", "string-circulant"):

@@ -10,7 +10,13 @@ import torch
 from pe_bench.harness.cli import main
 from pe_bench.harness.reports import bench, pape_precision, throughput
 from pe_bench.harness.reports.bench import MODELS, BenchSpec
-from pe_bench.harness.reports.throughput import encoding_flops, flop_bound, throughput_table, vit_forward_flops
+from pe_bench.harness.reports.throughput import (
+    THROUGHPUT_METHODS,
+    encoding_flops,
+    flop_bound,
+    throughput_table,
+    vit_forward_flops,
+)
 
 VIT_B = MODELS["vit-b"][0]
 
@@ -184,6 +190,39 @@ def test_sape2_model_counts_its_gate_and_table_products_as_flop_counter_mode_doe
         elementwise = 4 * tokens**2 * (4 + 3 * 2 * side)
         method = "sape2" if npos_max is None else f"sape2[npos_max={npos_max}]"
         assert encoding_flops(method, config, tokens) - elementwise == pytest.approx(extra_matmuls)
+
+
+def test_the_flop_model_counts_at_least_the_matrix_products_of_every_encoding():
+    """The model's terms are the encoding's matrix products plus estimates of its elementwise
+    work, so it can never count less than FlopCounterMode's matrix products (on the path the
+    model describes: CPU, float32, the dense bias). CoPE's q . e[p] (stop 61), SaPE²'s
+    (stop 64) and WePE's Linear(4 -> D) (stop 64) were each missing and each fail this; where
+    an encoding has no elementwise term to add, the two are equal."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pe_bench.harness.attention import attention_kernel
+
+    spec = BenchSpec(model="tiny", methods=("nopos",))
+    config = MODELS["tiny"][0]
+
+    def counted(method: str) -> int:
+        model, size = bench._build_vit(method, spec)
+        with (
+            torch.inference_mode(),
+            attention_kernel("dense"),
+            FlopCounterMode(display=False, custom_mapping=bench._EXTRA_FLOP_FORMULAS) as counter,
+        ):
+            model.eval()(torch.randn(1, 3, size, size))
+        return counter.get_total_flops()
+
+    size = MODELS["tiny"][1]
+    tokens = (size // config.patch_size) ** 2 + 1
+    bare = counted("nopos")
+    for method in THROUGHPUT_METHODS[1:]:
+        matrix_products = counted(method) - bare
+        modelled = encoding_flops(method, config, tokens, bf16=False, device="cpu")
+        assert modelled >= matrix_products, (method, modelled, matrix_products)
+    assert encoding_flops("pape-ri", config, tokens, bf16=False, device="cpu") == counted("pape-ri") - bare
 
 
 def test_bench_command_prints_the_throughput_table_and_compiles_on_request(capsys, monkeypatch):
