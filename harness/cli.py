@@ -683,7 +683,7 @@ def _grid_bench(args: argparse.Namespace) -> int:
 
 
 def _profile_steps(args: argparse.Namespace) -> int:
-    from pe_bench.harness.reports.bench import BenchSpec, profile_step
+    from pe_bench.harness.reports.bench import BenchSpec, failure_cell, profile_step, release_cuda_memory
 
     spec = BenchSpec(args.model, (), (), 0, args.repeats, args.image_size, args.device, args.threads)
     # --compile profiles the compiled step: issue 16's rope stayed 1.20x nopos compiled (H200,
@@ -694,7 +694,12 @@ def _profile_steps(args: argparse.Namespace) -> int:
     for method in _bench_methods(args.profile_step):
         title = f"## {method}: {form} training step at batch {batch} ({args.model}, {args.device})"
         title += ", operators by self time"
-        print(title, profile_step(method, spec, batch), sep="\n", flush=True)
+        try:
+            table = profile_step(method, spec, batch)
+        except Exception as error:  # OOM at the batch, a kernel error: the other methods still profile
+            release_cuda_memory()
+            table = f"not profiled: {failure_cell(error)}"
+        print(title, table, sep="\n", flush=True)
     return 0
 
 

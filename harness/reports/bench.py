@@ -232,11 +232,11 @@ def _measured_or_failure(measure: Callable[..., object], *args: object) -> objec
     try:
         return measure(*args)
     except Exception as error:  # OOM, a kernel that refuses the shapes, ...
-        _release_cuda_memory()
+        release_cuda_memory()
         return failure_cell(error)
 
 
-def _release_cuda_memory() -> None:
+def release_cuda_memory() -> None:
     """After an OOM the failed call's tensors are garbage, not yet freed: free them, so that the
     next measurement starts from what the living models hold, not from the failed peak."""
     if torch.cuda.is_available():

@@ -303,6 +303,24 @@ def test_profile_step_names_the_operators_of_a_training_step(capsys):
     assert "Self CPU" in rope and "aten::mul" in rope  # the rotation's products are among rope's operators
 
 
+def test_a_method_that_fails_to_profile_is_named_and_the_rest_profile(capsys, monkeypatch):
+    """An OOM in one method's profile ended the command, losing the methods after it (on a GPU
+    lent for minutes, the rest of the call)."""
+    real = bench.profile_step
+
+    def alibi_out_of_memory(method, spec, batch):
+        if method == "alibi":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 25.90 GiB")
+        return real(method, spec, batch)
+
+    monkeypatch.setattr(bench, "profile_step", alibi_out_of_memory)
+    args = ["bench", "--model", "tiny", "--profile-step", "alibi,nopos", "--throughput-batch", "2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "## alibi: eager training step at batch 2" in out and "not profiled: OOM" in out
+    assert "Self CPU" in out.split("## nopos")[1]
+
+
 def test_profile_step_profiles_the_compiled_step_with_compile(capsys, monkeypatch):
     """``--compile`` profiles the step of the model compiled as ``bench --compile`` times it
     (``aot_eager`` here, which keeps this quick: the compiled graph runs as one autograd
