@@ -195,34 +195,36 @@ def test_sape2_model_counts_its_gate_and_table_products_as_flop_counter_mode_doe
 def test_the_flop_model_counts_at_least_the_matrix_products_of_every_encoding():
     """The model's terms are the encoding's matrix products plus estimates of its elementwise
     work, so it can never count less than FlopCounterMode's matrix products (on the path the
-    model describes: CPU, float32, the dense bias). CoPE's q . e[p] (stop 61), SaPE²'s
-    (stop 64) and WePE's Linear(4 -> D) (stop 64) were each missing and each fail this; where
-    an encoding has no elementwise term to add, the two are equal."""
+    model describes: CPU, the dense bias; float32 and bf16 autocast, where PaPE's widened
+    features carry the split). CoPE's q . e[p] (stop 61), SaPE²'s (stop 64) and WePE's
+    Linear(4 -> D) (stop 64) were each missing and each fail this; where an encoding has no
+    elementwise term to add (pape-ri), the two are equal."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from pe_bench.harness.attention import attention_kernel
 
     spec = BenchSpec(model="tiny", methods=("nopos",))
-    config = MODELS["tiny"][0]
+    config, size = MODELS["tiny"]
+    tokens = (size // config.patch_size) ** 2 + 1
 
-    def counted(method: str) -> int:
+    def counted(method: str, bf16: bool) -> int:
         model, size = bench._build_vit(method, spec)
         with (
             torch.inference_mode(),
             attention_kernel("dense"),
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16),
             FlopCounterMode(display=False, custom_mapping=bench._EXTRA_FLOP_FORMULAS) as counter,
         ):
             model.eval()(torch.randn(1, 3, size, size))
         return counter.get_total_flops()
 
-    size = MODELS["tiny"][1]
-    tokens = (size // config.patch_size) ** 2 + 1
-    bare = counted("nopos")
-    for method in THROUGHPUT_METHODS[1:]:
-        matrix_products = counted(method) - bare
-        modelled = encoding_flops(method, config, tokens, bf16=False, device="cpu")
-        assert modelled >= matrix_products, (method, modelled, matrix_products)
-    assert encoding_flops("pape-ri", config, tokens, bf16=False, device="cpu") == counted("pape-ri") - bare
+    for bf16 in (False, True):
+        bare = counted("nopos", bf16)
+        for method in THROUGHPUT_METHODS[1:]:
+            matrix_products = counted(method, bf16) - bare
+            modelled = encoding_flops(method, config, tokens, bf16=bf16, device="cpu")
+            assert modelled >= matrix_products, (method, bf16, modelled, matrix_products)
+        assert encoding_flops("pape-ri", config, tokens, bf16=bf16, device="cpu") == counted("pape-ri", bf16) - bare
 
 
 def test_bench_command_prints_the_throughput_table_and_compiles_on_request(capsys, monkeypatch):
