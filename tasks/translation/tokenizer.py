@@ -9,6 +9,12 @@ count, all three measured (stop 43, the tiny en-de corpus, vocabulary 1000): 1, 
 threads give four different vocabularies, and sentencepiece 0.2.1, 0.2.2 and 0.2.3 give
 different ones at equal threads. The thread count is therefore fixed, not taken from the
 machine, and the version and thread count are part of the cache key.
+
+No normalisation (``identity``, stop 64): sentencepiece's default ``nmt_nfkc`` rewrites the
+training text and every decoded hypothesis in NFKC (``…`` -> ``...``, ``m²`` -> ``m2``, ``½``
+-> ``1⁄2``), while BLEU compares the hypotheses with the raw reference lines: a perfect
+translation of ``das haus hat 80 m² , sagte er …`` scored 39.1 BLEU. The tiny corpora are
+NFKC-invariant (every sentence of both), so their vocabularies are the same either way.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 #: Two is what the tiny matrix's wmt14 records were trained with (a 2-core machine, when the
 #: count was min(4, cpu_count)); more would only shorten a one-off, cached training.
 TRAINER_THREADS = 2
+
+#: sentencepiece's text normalisation: none, so that hypotheses are in the references' characters
+NORMALIZATION = "identity"
 
 
 class SubwordTokenizer:
@@ -59,7 +68,8 @@ def train_tokenizer(
     vocabulary size, sentencepiece's version and the thread count (module doc)."""
     import sentencepiece as spm
 
-    digest = hashlib.sha1(f"sentencepiece {spm.__version__}, {TRAINER_THREADS} threads\n".encode())
+    settings = f"sentencepiece {spm.__version__}, {TRAINER_THREADS} threads, normalization {NORMALIZATION}\n"
+    digest = hashlib.sha1(settings.encode())
     for text in texts:
         digest.update(text.encode("utf-8") + b"\n")
     key = f"spm-{vocab_size}-{digest.hexdigest()[:12]}"
@@ -75,6 +85,7 @@ def train_tokenizer(
                 vocab_size=vocab_size,
                 model_type="unigram",
                 character_coverage=1.0,
+                normalization_rule_name=NORMALIZATION,
                 pad_id=PAD,
                 unk_id=UNK,
                 bos_id=BOS,
