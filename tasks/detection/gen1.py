@@ -168,7 +168,9 @@ def gen1_samples(
             raise DatasetMissingError(f"{boxes_file} is missing: every <recording>_td.dat needs its _bbox.npy")
         times, boxes, labels = read_boxes(boxes_file)
         boxes = np.clip(boxes, 0, [width, height, width, height]).astype(np.float32)
-        keep = BoxSizeFilter(min_box_diagonal, min_box_side).keep(boxes) & (times >= skip_us)
+        # strictly after skip_us, as Prophesee's filter_boxes (``ts > skip_ts``): a label at
+        # exactly 0.5 s is left out there too
+        keep = BoxSizeFilter(min_box_diagonal, min_box_side).keep(boxes) & (times > skip_us)
         times, boxes, labels = times[keep], boxes[keep], labels[keep]
         for time in np.unique(times):
             at = times == time

@@ -185,7 +185,8 @@ def write_gen1(root):
     rows = [(600_000, 10, 20, 50, 40, 0, 1, 1), (600_000, 100, 100, 30, 60, 1, 1, 2),
             (600_000, 200, 200, 5, 5, 1, 1, 3),  # too small: filtered out
             (1_500_000, 280, 200, 50, 60, 0, 1, 1),  # crosses the sensor border: clipped
-            (100_000, 10, 20, 50, 40, 0, 1, 1)]  # in the first 0.5 s: skipped  # fmt: skip
+            (100_000, 10, 20, 50, 40, 0, 1, 1),  # in the first 0.5 s: skipped
+            (500_000, 10, 20, 50, 40, 0, 1, 1)]  # at 0.5 s exactly: skipped (Prophesee's ts > skip_ts)  # fmt: skip
     for split in ("train", "val", "test"):
         write_recording(root / split, f"rec_{split}", events, rows, time_field="ts" if split != "test" else "t")
     return events
