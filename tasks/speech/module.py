@@ -45,10 +45,13 @@ class CTCModule(TaskModule):
         super().__init__(model, optim)
         self.bin_edges = list(bin_edges)
         self.bins = bin_labels(bin_edges)
+        # the bins and the whole set, each once: without edges the one bin is "all" itself, which
+        # counted every utterance twice (the WER unchanged, the words doubled)
+        self.labels = list(dict.fromkeys([*self.bins, "all"]))
         self.eval_sets = list(eval_sets)
         self.val_wer = WordErrorRate()
         # One accumulator per (evaluation set, bin) and per set overall: "<set>/<bin>", "<set>/all".
-        keys = [f"{s}/{b}" for s in self.eval_sets for b in [*self.bins, "all"]]
+        keys = [f"{s}/{b}" for s in self.eval_sets for b in self.labels]
         self.test_wers = nn.ModuleDict({self._key(k): WordErrorRate() for k in keys})
         self._results: dict[str, Any] = {}
 
@@ -86,7 +89,7 @@ class CTCModule(TaskModule):
         for hyp, ref, seconds, set_index in zip(hyps, batch.texts, batch.durations, batch.sets, strict=True):
             name = self.eval_sets[set_index]
             bin_name = self.bins[duration_bin(seconds, self.bin_edges)]
-            for key in (f"{name}/{bin_name}", f"{name}/all"):
+            for key in dict.fromkeys((f"{name}/{bin_name}", f"{name}/all")):
                 self.test_wers[self._key(key)].update([hyp], [ref])
 
     def on_test_epoch_end(self) -> None:
@@ -96,17 +99,17 @@ class CTCModule(TaskModule):
         self._results = {
             "duration_bins": {
                 "edges_seconds": self.bin_edges,
-                "labels": [*self.bins, "all"],
-                "wer": {s: {b: by_key[f"{s}/{b}"] for b in [*self.bins, "all"]} for s in self.eval_sets},
+                "labels": self.labels,
+                "wer": {s: {b: by_key[f"{s}/{b}"] for b in self.labels} for s in self.eval_sets},
                 "words": {
-                    s: {b: int(self.test_wers[self._key(f"{s}/{b}")].total) for b in [*self.bins, "all"]}
+                    s: {b: int(self.test_wers[self._key(f"{s}/{b}")].total) for b in self.labels}
                     for s in self.eval_sets
                 },
             }
         }
 
     def _plain_keys(self) -> list[str]:
-        return [f"{s}/{b}" for s in self.eval_sets for b in [*self.bins, "all"]]
+        return [f"{s}/{b}" for s in self.eval_sets for b in self.labels]
 
     def extra_results(self) -> dict[str, Any]:
         """Per-set, per-duration-bin WER fractions of the last test run (stored by the runner)."""

@@ -280,3 +280,26 @@ def test_the_bins_table_holds_the_cells_the_matrix_ranks(tmp_path):
     [markdown] = write_extra_tables(tmp_path)
     assert "| wsj    | rope     | test       | 2       | 30.0 ± 14.1" in markdown
 
+
+@pytest.mark.parametrize("edges", [[], [2.0]])
+def test_each_utterance_counts_once_in_every_bin_it_belongs_to(edges, monkeypatch):
+    """Without duration edges the one bin is "all" itself: every utterance was counted twice
+    there (the WER unchanged, the stored word count doubled)."""
+    from pe_bench.harness.config import OptimConfig
+    from pe_bench.tasks.speech import module as speech_module
+    from pe_bench.tasks.speech.module import CTCModule, SpeechBatch
+
+    ctc = CTCModule(torch.nn.Identity(), OptimConfig(lr=1e-3, epochs=1, batch_size=2), edges, ["test"])
+    monkeypatch.setattr(CTCModule, "forward", lambda self, feats, lengths: (feats, lengths))
+    monkeypatch.setattr(speech_module, "greedy_decode", lambda logits, lengths: ["a b c", "d e"])
+    empty = torch.zeros(2)
+    batch = SpeechBatch(empty, empty, empty, empty, [1.0, 3.0], ["a b c", "d x"], [0, 0])
+    ctc.on_test_epoch_start()
+    ctc.test_step(batch, 0)
+    monkeypatch.setattr(ctc, "log", lambda *args, **kwargs: None)
+    ctc.on_test_epoch_end()
+    bins = ctc.extra_results()["duration_bins"]
+    assert bins["labels"].count("all") == 1
+    assert bins["words"]["test"]["all"] == 5 and bins["wer"]["test"]["all"] == pytest.approx(1 / 5)
+    if edges:
+        assert bins["words"]["test"] == {"<2s": 3, ">=2s": 2, "all": 5}
