@@ -13,6 +13,14 @@ under ``<out>/extrapolation/<task>/``:
 
 Finished cells without a usable checkpoint (best.ckpt or config.yaml missing) are named on
 the console and under each table, never silently left out.
+
+The tables follow the result matrix's rules (harness/reports/tables.py): a cell holding fewer
+seeds than its task asked for (the seeds any method of the task finished, failed or diverged
+on) shows ``(held/asked)``, and the missing seeds are named under the tables with why (failed,
+diverged, no usable checkpoint, not run); a cell with a seed trained in another configuration
+than its task's (tables.check_configs) is marked ``†``. Only complete cells of the task's
+configuration are ranked: the best printed value is bold (equal printed values share it), the
+next-best underlined, ranked by the printed one-decimal text itself.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ from pe_bench.adapters import get as get_encoding
 from pe_bench.harness.grid import store
 from pe_bench.harness.grid.runner import cell_setup
 from pe_bench.tasks import get_task
+
+from . import tables
 
 
 def parse_resolutions(text: str) -> list[tuple[int, int]]:
@@ -192,25 +202,101 @@ def evaluate_grid(
         say(f"  {task_name} · {cell.method} · seed {cell.seed}: evaluated at {len(resolutions)} resolutions")
     frame = pd.DataFrame(rows)
     frame.attrs["left_out"] = left_out  # noted under the tables (write_extrapolation)
+    frame.attrs.update(seed_context(out, task_name, methods, cells))
     return frame
 
 
-def _pivot(frame: pd.DataFrame, interpolate: bool) -> pd.DataFrame:
+def seed_context(out: Path, task: str, methods: list[str] | None, cells: list[Cell]) -> dict:
+    """What the tables need to know beyond the evaluated rows (``frame.attrs``), read as the
+    result matrix reads it: ``asked``, the task's seeds asked for (those any method of the task
+    finished, failed or diverged on, tables.asked_seeds); ``missing``, method -> seed -> why an
+    asked seed was not evaluated; ``outliers``, method -> seed -> how an evaluated cell's
+    configuration differs from its task's (tables.check_configs over every stored cell of the
+    task); ``ties``, whether no configuration is shared by most cells."""
+    results = tables.load_results(out)
+    results = tables.StoredResults(
+        [r for r in results.records if r.task == task],
+        {k: v for k, v in (results.configs or {}).items() if k[0] == task},
+        {k: v for k, v in results.incomplete.items() if k[0] == task},
+    )
+    asked = tables.asked_seeds(results).get(task, [])
+    check = tables.check_configs(results)
+    evaluated = {(c.method, c.seed) for c in cells}
+    status = {(r.method, r.seed): r.status for r in results.records}
+    status.update({(m, s): store.STATUS_OK for _, m, s in results.incomplete})
+    shown = [
+        r.method for r in results.records if r.status != store.STATUS_NA and (methods is None or r.method in methods)
+    ]
+    missing: dict[str, dict[int, str]] = {}
+    for method in dict.fromkeys([*(c.method for c in cells), *shown, *(methods or [])]):
+        why = {}
+        for seed in asked:
+            if (method, seed) in evaluated:
+                continue
+            stored = status.get((method, seed))
+            why[seed] = {store.STATUS_OK: "no usable checkpoint", None: "not run"}.get(stored, stored)
+        if why:
+            missing[method] = why
+    outliers: dict[str, dict[int, str]] = {}
+    for (_, method, seed), difference in check.outliers.items():
+        if (method, seed) in evaluated:
+            outliers.setdefault(method, {})[seed] = difference
+    return {"asked": asked, "missing": missing, "outliers": outliers, "ties": task in check.ties}
+
+
+def _pivot(frame: pd.DataFrame, interpolate: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(mean accuracy, seeds it holds) with methods as rows and resolutions as columns."""
     subset = frame[frame["interpolation"] == interpolate]
     order = list(dict.fromkeys(subset.sort_values("pixels")["resolution"]))
-    table = subset.groupby(["method", "resolution"])["accuracy"].mean().unstack("resolution")
-    return table.reindex(columns=order)
+    groups = subset.groupby(["method", "resolution"])["accuracy"]
+    means = groups.mean().unstack("resolution").reindex(columns=order)
+    held = groups.count().unstack("resolution").reindex(index=means.index, columns=order).fillna(0).astype(int)
+    return means, held
 
 
-def _marked(table: pd.DataFrame, text: pd.DataFrame) -> pd.DataFrame:
-    """Bold the best and underline the next-best value of each column."""
+def _asked(frame: pd.DataFrame) -> list[int]:
+    """The seeds asked for: as stored (``evaluate_grid``), else every seed any method holds."""
+    asked = frame.attrs.get("asked")
+    return sorted(set(frame["seed"])) if asked is None else list(asked)
+
+
+def _outliers(frame: pd.DataFrame) -> dict[str, dict[int, str]]:
+    return frame.attrs.get("outliers") or {}
+
+
+def _suffixes(table: pd.DataFrame, held: pd.DataFrame, frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(text after each value: `` (held/asked)`` and `` †``; whether the cell may be ranked)."""
+    asked, outliers = len(_asked(frame)), _outliers(frame)
+    suffix = pd.DataFrame("", index=table.index, columns=table.columns)
+    eligible = pd.DataFrame(False, index=table.index, columns=table.columns)
+    for method in table.index:
+        for column in table.columns:
+            if pd.isna(table.loc[method, column]):
+                continue
+            n = int(held.loc[method, column])
+            text = f" ({n}/{asked})" if n < asked else ""
+            suffix.loc[method, column] = text + (" †" if method in outliers else "")
+            eligible.loc[method, column] = n >= asked and method not in outliers
+    return suffix, eligible
+
+
+def _marked(table: pd.DataFrame, text: pd.DataFrame, eligible: pd.DataFrame) -> pd.DataFrame:
+    """Bold the best and underline the next-best ranked value of each column, as the result
+    matrix does (tables._emphasis): by the printed one-decimal value (format's rounding, not
+    pandas' round, which differs next to a .x5: two cells printed alike got one bold, one
+    underlined), equal printed values sharing the mark, only ``eligible`` (complete cells of
+    the task's configuration) ranked, and nothing marked with fewer than two of them."""
     marked = text.copy()
     for column in table.columns:
-        ranks = table[column].round(1).rank(method="dense", ascending=False)
-        for method in table.index:
-            if ranks[method] == 1:
-                marked.loc[method, column] = f"**{text.loc[method, column]}**"
-            elif ranks[method] == 2:
+        ranked = eligible[column].astype(bool) & table[column].notna()
+        shown = table.loc[ranked, column].map(lambda v: float(f"{v:.1f}"))
+        if len(shown) < 2:
+            continue
+        rest = shown[shown != shown.max()]
+        for method in shown.index[shown == shown.max()]:
+            marked.loc[method, column] = f"**{text.loc[method, column]}**"
+        if len(rest):
+            for method in rest.index[rest == rest.max()]:
                 marked.loc[method, column] = f"<u>{text.loc[method, column]}</u>"
     return marked
 
@@ -220,28 +306,70 @@ def _fmt(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def extrapolation_tables(frame: pd.DataFrame) -> dict[str, str]:
-    plain, interp = _pivot(frame, False), _pivot(frame, True)
-    table5 = _marked(plain, _fmt(plain))
+    (plain, held_plain), (interp, held_interp) = _pivot(frame, False), _pivot(frame, True)
+    suffix5, eligible5 = _suffixes(plain, held_plain, frame)
+    table5 = _marked(plain, _fmt(plain) + suffix5, eligible5)
     change = interp - plain
     text6 = _fmt(interp).copy()
     for method in interp.index:
         for column in interp.columns:
             if pd.notna(change.loc[method, column]):
                 text6.loc[method, column] += f" ({change.loc[method, column]:+.1f})"
-    table6 = _marked(interp, text6)
+    suffix6, eligible6 = _suffixes(interp, held_interp, frame)
+    table6 = _marked(interp, text6 + suffix6, eligible6)
     # Table 7: per method the setting with the higher mean accuracy over all resolutions.
     use_interp = interp.mean(axis=1).fillna(-1) > plain.mean(axis=1)
     best = pd.DataFrame([interp.loc[m] if use_interp[m] else plain.loc[m] for m in plain.index], index=plain.index)
-    text7 = _fmt(best)
-    text7.index = [f"{m} ({'with' if use_interp[m] else 'without'} interpolation)" for m in best.index]
-    table7 = _marked(best.set_axis(text7.index), text7)
+    suffix7 = pd.DataFrame([suffix6.loc[m] if use_interp[m] else suffix5.loc[m] for m in plain.index])
+    eligible7 = pd.DataFrame([eligible6.loc[m] if use_interp[m] else eligible5.loc[m] for m in plain.index])
+    labels = [f"{m} ({'with' if use_interp[m] else 'without'} interpolation)" for m in best.index]
+    text7 = (_fmt(best) + suffix7.reindex(index=best.index, columns=best.columns)).set_axis(labels)
+    eligible7 = eligible7.reindex(index=best.index, columns=best.columns).set_axis(labels)
+    table7 = _marked(best.set_axis(labels), text7, eligible7)
     for t in (table5, table6, table7):
         t.index.name = "Position encoding"
     return {
-        "table5": table5.to_markdown(),
-        "table6": table6.to_markdown(),
-        "table7": table7.to_markdown(),
+        "table5": table5.to_markdown(disable_numparse=True),
+        "table6": table6.to_markdown(disable_numparse=True),
+        "table7": table7.to_markdown(disable_numparse=True),
     }
+
+
+def extrapolation_notes(frame: pd.DataFrame) -> list[str]:
+    """The notes under every table: seeds asked for, the missing ones and why, the ranking
+    rule, and the cells of another configuration (†) with how they differ."""
+    asked = _asked(frame)
+    notes = [
+        f"Mean over seeds; {len(asked)} seed(s) asked for ({', '.join(map(str, asked))}). "
+        "A cell holding fewer shows (held/asked)."
+    ]
+    missing = frame.attrs.get("missing")
+    if missing is None:  # a frame built in memory: the seeds other methods hold
+        held = frame.groupby("method")["seed"].agg(set)
+        missing = {m: {s: "not evaluated" for s in asked if s not in held[m]} for m in held.index}
+    parts = [
+        f"{method} " + ", ".join(f"seed {seed} {why}" for seed, why in sorted(seeds.items()))
+        for method, seeds in missing.items()
+        if seeds
+    ]
+    if parts:
+        notes.append("Missing seeds: " + "; ".join(parts) + ".")
+    notes.append(
+        "Only complete cells (every seed asked for) of the task's configuration are ranked: best bold (equal "
+        "printed values share it), next-best underlined; a cell with missing seeds (held/asked) or another "
+        "configuration (†) is never marked, whatever its value."
+    )
+    outliers = _outliers(frame)
+    if outliers:
+        parts = [
+            f"{method} seed {seed}: {why}" for method, seeds in outliers.items() for seed, why in sorted(seeds.items())
+        ]
+        notes.append("† another configuration than the rest of its task (not ranked): " + "; ".join(parts) + ".")
+    if frame.attrs.get("ties"):
+        notes.append(
+            "No configuration is shared by most cells of the task; the first one found is taken as the task's."
+        )
+    return notes
 
 
 def plot(frame: pd.DataFrame, path: Path, title: str) -> None:
@@ -252,10 +380,14 @@ def plot(frame: pd.DataFrame, path: Path, title: str) -> None:
 
     plain = frame[~frame["interpolation"]]
     means = plain.groupby(["method", "resolution", "pixels"])["accuracy"].mean().reset_index()
+    asked, outliers = len(_asked(frame)), _outliers(frame)
+    held = plain.groupby("method")["seed"].nunique()
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, group in means.groupby("method"):
         group = group.sort_values("pixels")
-        ax.plot(group["resolution"], group["accuracy"], marker="o", label=method)
+        label = method + (f" ({held[method]}/{asked})" if held[method] < asked else "")
+        label += " †" if method in outliers else ""
+        ax.plot(group["resolution"], group["accuracy"], marker="o", label=label)
     ax.set_xlabel("evaluation resolution")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)
@@ -280,6 +412,7 @@ def write_extrapolation(out: Path, task_name: str, frame: pd.DataFrame, train_la
     left_out = frame.attrs.get("left_out") or []
     note = "".join(f"\n- {line}" for line in left_out)
     note = f"\nLeft out (trained, but no usable checkpoint):{note}\n" if left_out else ""
+    note = "\n" + "\n\n".join(extrapolation_notes(frame)) + "\n" + note
     text = []
     for name, table in tables.items():
         body = f"{captions[name]}\n\n{table}\n{note}"

@@ -54,6 +54,86 @@ def test_tables_5_6_7_layout():
     assert table7.index("224²") < table7.index("448²")  # resolutions in increasing order
 
 
+def _rows(method, seed, accuracy, interpolated=None):
+    """One cell's rows at 224² (plain, and interpolated: None where the encoding has none)."""
+    return [(method, seed, "224²", 1, False, accuracy), (method, seed, "224²", 1, True, interpolated)]
+
+
+def test_equal_printed_values_get_equal_marks():
+    """50.15 prints as 50.1 (its binary value is 50.1499...), but pandas' round(1) made it 50.2:
+    previously `pape **50.1**` stood beside `rope <u>50.1</u>`. Ranked by the printed text,
+    equal text shares the mark and the next printed value is underlined, as in the matrix."""
+    frame = _frame([*_rows("pape", 0, 50.15, 50.15), *_rows("rope", 0, 50.1, 50.1), *_rows("sincos", 0, 49.0, 49.0)])
+    tables = ex.extrapolation_tables(frame)
+    for name in ("table5", "table7"):
+        assert tables[name].count("**50.1**") == 2 and "<u>50.1</u>" not in tables[name], tables[name]
+        assert "<u>49.0</u>" in tables[name]
+    assert tables["table6"].count("**50.1 (+0.0)**") == 2 and "<u>49.0 (+0.0)</u>" in tables["table6"]
+
+
+def _config(method, lr=0.002):
+    return {
+        "task": "imagenet", "profile": "tiny", "model": {"dim": 32, "depth": 1, "num_heads": 4},
+        "optim": {"lr": lr, "epochs": 2}, "data": {"image_size": 24}, "method": method,
+        "encoding": method, "options": {},
+    }  # fmt: skip
+
+
+def _stored(out, method, seed, status="ok", checkpoint=True, lr=0.002):
+    """A trained cell on disk as `pe-bench run` leaves it (an empty best.ckpt: never loaded here)."""
+    directory = store.cell_dir(out, "imagenet", method, seed)
+    record = store.CellRecord(
+        task="imagenet", method=method, seed=seed, profile="tiny", status=status, metric="acc",
+        metric_label="Acc. (%)", score=50.0 if status == "ok" else None,
+    )  # fmt: skip
+    store.write_record(directory, record)
+    if status == "ok":
+        (directory / "config.yaml").write_text(yaml.safe_dump(_config(method, lr)))
+        if checkpoint:
+            (directory / "best.ckpt").write_bytes(b"")
+
+
+def test_cells_missing_seeds_or_of_another_configuration_are_marked_and_not_ranked(tmp_path):
+    """pape holds 1 of 3 seeds (the others failed and diverged): previously its 75.0 was bold
+    over rope's complete 70.0 with nothing showing it. As in the matrix: (held/asked), † for a
+    seed trained otherwise, the missing seeds named with why, and neither ranked."""
+    for seed in range(3):
+        for method in ("rope", "abspos"):
+            _stored(tmp_path, method, seed)
+        _stored(tmp_path, "sincos", seed, lr=0.01 if seed == 2 else 0.002)
+        _stored(tmp_path, "nopos", seed, checkpoint=seed != 2)
+    _stored(tmp_path, "pape", 0)
+    _stored(tmp_path, "pape", 1, status="failed")
+    _stored(tmp_path, "pape", 2, status="diverged")
+    cells = ex.finished_cells(tmp_path, "imagenet", None)
+    accuracy = {"pape": 75.0, "sincos": 80.0, "rope": 70.0, "abspos": 60.0, "nopos": 90.0}
+    frame = _frame([row for c in cells for row in _rows(c.method, c.seed, accuracy[c.method], accuracy[c.method])])
+    frame.attrs.update(ex.seed_context(tmp_path, "imagenet", None, cells))
+    tables = ex.extrapolation_tables(frame)
+    for name in ("table5", "table7"):
+        table = tables[name]
+        assert "| 75.0 (1/3) " in table and "| 90.0 (2/3) " in table and "| 80.0 † " in table, table
+        assert "**70.0**" in table and "<u>60.0</u>" in table
+    assert "| 75.0 (+0.0) (1/3) " in tables["table6"] and "**70.0 (+0.0)**" in tables["table6"]
+    notes = "\n".join(ex.extrapolation_notes(frame))
+    assert "3 seed(s) asked for (0, 1, 2)" in notes
+    assert "Missing seeds: " in notes and "pape seed 1 failed, seed 2 diverged" in notes
+    assert "nopos seed 2 no usable checkpoint" in notes
+    assert "† another configuration than the rest of its task (not ranked): sincos seed 2: optim.lr=0.01" in notes
+    frame.attrs["left_out"] = ex.cells_without_checkpoint(tmp_path, "imagenet", None)
+    ex.write_extrapolation(tmp_path, "imagenet", frame, "24²")
+    written = (tmp_path / "extrapolation" / "imagenet" / "table5.md").read_text()
+    assert "75.0 (1/3)" in written and "pape seed 1 failed" in written and "- nopos seed 2: no best.ckpt" in written
+
+
+def test_a_frame_built_in_memory_counts_the_seeds_other_methods_hold():
+    frame = _frame([*_rows("pape", 0, 75.0), *(row for s in range(3) for row in _rows("rope", s, 70.0))])
+    frame = pd.concat([frame, _frame(_rows("sincos", 0, 65.0) + _rows("sincos", 1, 65.0) + _rows("sincos", 2, 65.0))])
+    table5 = ex.extrapolation_tables(frame)["table5"]
+    assert "| 75.0 (1/3) " in table5 and "**70.0**" in table5 and "<u>65.0</u>" in table5
+    assert "pape seed 1 not evaluated, seed 2 not evaluated" in "\n".join(ex.extrapolation_notes(frame))
+
+
 @pytest.mark.slow
 def test_extrapolate_command_end_to_end(tmp_path, capsys):
     assert main(["run", "--tasks", "imagenet", "--methods", "rope,abspos,nopos", "--out", str(tmp_path), *SMALL]) == 0
