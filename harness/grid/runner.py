@@ -8,6 +8,7 @@ under its lock (store.CellLock), so several processes on one results folder shar
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import shutil
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 import yaml
+from lightning.pytorch import Callback
 
 from pe_bench.adapters import EncodingFactory
 from pe_bench.adapters.base import positional_parameters
@@ -186,6 +188,65 @@ def fit_trainer(
     return trainer, checkpoint, loggers
 
 
+TIME_CAP = "trainer.max_time"
+FIT_LENGTH = "fit_length.json"  # a DDP cell's rank 0 writes FitLength's numbers here for the grid process
+
+
+def fit_length(trainer: Any) -> dict[str, Any]:
+    """How much of its schedule a finished ``trainer.fit`` ran, for the cell record:
+    ``epochs_run`` (optimizer steps taken over steps per epoch, floored at 2 decimals, so a
+    last epoch cut mid-way counts as a fraction), ``epochs_planned`` and ``stopped_by``
+    (``trainer.max_time`` when Lightning's time cap ran out before the planned steps were
+    taken: it stops training quietly, and the best checkpoint so far is then tested)."""
+    from lightning.pytorch.callbacks import Timer
+
+    planned_epochs = trainer.max_epochs
+    try:
+        planned_steps = float(trainer.estimated_stepping_batches)
+    except Exception:  # no length known: count the epochs Lightning counts
+        planned_steps = math.inf
+    steps = trainer.global_step
+    if math.isfinite(planned_steps) and planned_steps > 0 and planned_epochs and planned_epochs > 0:
+        short = steps < planned_steps
+        epochs_run = math.floor(steps / (planned_steps / planned_epochs) * 100) / 100
+    else:
+        short = trainer.current_epoch < planned_epochs
+        epochs_run = float(trainer.current_epoch)
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    remaining = None if timer is None else timer.time_remaining("train")
+    timed_out = remaining is not None and remaining <= 0
+    if short:  # a last step short must not read as complete
+        epochs_run = min(epochs_run, planned_epochs - 0.01)
+    return {
+        "epochs_run": epochs_run if short else float(planned_epochs),
+        "epochs_planned": planned_epochs,
+        "stopped_by": TIME_CAP if short and timed_out else "",
+    }
+
+
+class FitLength(Callback):
+    """A DDP cell's ``fit_length``, written to ``path`` by global rank 0 at the end of its fit
+    (at ``on_fit_end``, in whichever process the launcher made rank 0), for the grid process."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.is_global_zero:
+            self.path.write_text(json.dumps(fit_length(trainer)))
+
+
+def _read_fit_length(workdir: Path) -> dict[str, Any]:
+    """What a DDP cell's rank 0 wrote (``FitLength``), removed from the cell; {} if nothing."""
+    path = Path(workdir) / FIT_LENGTH
+    try:
+        length = json.loads(path.read_text())
+    except (OSError, ValueError):
+        length = {}
+    path.unlink(missing_ok=True)
+    return length if isinstance(length, dict) else {}
+
+
 def _cell_result(task: Task, model: Any, module: Any, data: Any, tested: list[dict], fitted: dict) -> dict:
     """The cell's numbers: the test metric of the best checkpoint and ``fitted`` (best_val,
     best_epoch, train_seconds, the data module's extra results during the fit, if known)."""
@@ -207,6 +268,8 @@ def _cell_result(task: Task, model: Any, module: Any, data: Any, tested: list[di
         "best_val": fitted["best_val"],
         "best_epoch": fitted["best_epoch"],
         "train_seconds": fitted["train_seconds"],
+        **{key: fitted.get(key) for key in ("epochs_run", "epochs_planned")},
+        "stopped_by": fitted.get("stopped_by") or "",
         "parameters": sum(p.numel() for p in model.parameters()),
         "positional_parameters": sum(p.numel() for _, p in positional_parameters(model)),
     }
@@ -225,6 +288,7 @@ def _train_and_test(
             raise ValueError("a DDP cell needs its description (cell=...): its ranks rebuild it from that")
         ranks = cell | {"seed": seed, "workdir": str(workdir), "progress": progress, "run_name": run_name}
         fitted = ddp.fit_in_ranks(workdir, ranks | {"grid": None if grid is None else str(grid)})
+        fitted |= _read_fit_length(workdir)
         return _test_fitted(task, make_encoding, seed, workdir, progress, fitted)
     model, module, data = model_parts(task, make_encoding, seed)
     trainer, checkpoint, loggers = fit_trainer(task, workdir, progress, run_name, grid, [])
@@ -232,8 +296,10 @@ def _train_and_test(
         start = time.perf_counter()
         trainer.fit(module, datamodule=data)
         train_seconds = time.perf_counter() - start
+        length = fit_length(trainer)  # before the test, which reuses the trainer
         if not checkpoint.best_model_path:
-            raise RuntimeError(f"no checkpoint was saved: val/{task.metric} was never logged")
+            cap = f" ({TIME_CAP} stopped training before the first validation)" if length["stopped_by"] else ""
+            raise RuntimeError(f"no checkpoint was saved: val/{task.metric} was never logged{cap}")
         tested = trainer.test(module, datamodule=data, ckpt_path=checkpoint.best_model_path, verbose=False)
     finally:
         close_loggers(loggers)
@@ -242,7 +308,7 @@ def _train_and_test(
         "best_val": None if best_val is None else float(best_val),
         "best_epoch": best_epoch(checkpoint.best_model_path),
         "train_seconds": train_seconds,
-    }
+    } | length
     return _cell_result(task, model, module, data, tested, fitted)
 
 
@@ -254,7 +320,9 @@ def fit_ranks(
     writes the checkpoint, metrics.csv and the ``summary`` callback's file."""
     _, module, data = model_parts(task, make_encoding, seed)
     ddp.local_metrics(module)
-    trainer, _, loggers = fit_trainer(task, workdir, progress, run_name, grid, [summary])
+    trainer, _, loggers = fit_trainer(
+        task, workdir, progress, run_name, grid, [summary, FitLength(workdir / FIT_LENGTH)]
+    )
     try:
         trainer.fit(module, datamodule=data)
     finally:
@@ -397,6 +465,9 @@ def _train_into(
         best_val=None if best_val is None else best_val * scale,
         best_epoch=result["best_epoch"],
         train_seconds=result["train_seconds"],
+        epochs_run=result["epochs_run"],
+        epochs_planned=result["epochs_planned"],
+        stopped_by=result["stopped_by"],
         extra={k: result[k] for k in ("parameters", "positional_parameters")} | result["extra_results"],
         **base,
     )
@@ -449,11 +520,59 @@ def requested_run_config(request: GridRequest, task_name: str) -> RunConfig:
     return config.model_copy(update={"trainer": trainer})
 
 
+def option_differences(stored: dict[str, Any], requested: dict[str, Any]) -> list[str]:
+    """How a stored cell's own method options (config.yaml's ``options``) differ from those
+    requested now, one line per key, by the rules of harness/config_diff.py (a key one side
+    lacks differs: an option's default may have changed since the cell was trained)."""
+    task = str(requested.get("task", stored.get("task", "")))
+    mine, theirs = ({"options": c.get("options") or {}} for c in (stored, requested))
+    return [
+        f"{key}: {_shown(old)} stored, {_shown(new)} requested"
+        for key, old, new in config_differences(task, mine, theirs)
+    ]
+
+
+def _check_sibling_options(request: GridRequest, task_name: str, method: MethodSpec, requested: dict) -> None:
+    """A seed is only trained where its method options equal those of the seeds of its
+    (task, method) already stored in the folder: the table averages a row's seeds, so a seed
+    of other options (``--set imagenet:methods.rope.base=7``) would be averaged with them
+    (the table marks such a cell †, not ranked, but the user asked for another setting)."""
+    to_train = [
+        seed
+        for seed in request.seeds
+        if not store.read_cell(store.cell_dir(request.out, task_name, method.label, seed)).finished
+    ]
+    if not to_train:
+        return
+    folder = store.cell_dir(request.out, task_name, method.label, 0).parent
+    differing: dict[str, list[int]] = {}
+    for directory in sorted(folder.glob("seed*")):
+        seed_text = directory.name.removeprefix("seed")
+        if not seed_text.isdigit() or int(seed_text) in request.seeds:
+            continue  # the seeds asked for now are checked on their own (check_consistency)
+        stored = store.read_cell(directory)
+        if not stored.finished or stored.config is None:
+            continue
+        for difference in option_differences(stored.config, requested):
+            differing.setdefault(difference, []).append(int(seed_text))
+    if differing:
+        shown = "; ".join(
+            f"{difference} (seed {', '.join(map(str, sorted(seeds)))})" for difference, seeds in differing.items()
+        )
+        raise ValueError(
+            f"{folder} holds seeds of {task_name}/{method.label} trained with other options of "
+            f"{method.name} ({shown}); seed(s) {', '.join(map(str, to_train))} would be averaged with "
+            "them in one table cell. Use another --out for this setting, give it a method label of its own "
+            f"(--methods '{method.name}[key=value]'), or delete those seeds to retrain them."
+        )
+
+
 def check_consistency(request: GridRequest) -> None:
     """A finished cell is only skipped if it ran what is asked now: same profile and config.
     Otherwise the grid would silently report results of another setting (e.g. a study's).
     A cell whose config.yaml is missing or damaged is not finished (store.read_cell): it is
-    trained again rather than trusted unchecked."""
+    trained again rather than trusted unchecked. A new seed is only trained with the method
+    options of the seeds of its (task, method) already stored (``_check_sibling_options``)."""
     for task_name in request.tasks:
         config = requested_run_config(request, task_name)
         for method in request.methods:
@@ -478,6 +597,7 @@ def check_consistency(request: GridRequest) -> None:
                         + (f"; {len(differences) - 3} more" if len(differences) > 3 else "")
                         + "). Use another --out for this setting, or delete that cell to retrain it."
                     )
+            _check_sibling_options(request, task_name, method, requested)
 
 
 Cell = tuple[str, MethodSpec, int]
@@ -494,7 +614,8 @@ def _first_line(text: str, limit: int) -> str:
 
 def _outcome(record: store.CellRecord) -> str:
     if record.status == store.STATUS_OK:
-        return f"{record.metric_label} {record.score:.2f}"
+        cut = f" (cut short: {record.schedule_text()}; not ranked)" if record.cut_short else ""
+        return f"{record.metric_label} {record.score:.2f}{cut}"
     return f"{record.status} - {_first_line(record.reason, 200)}"
 
 

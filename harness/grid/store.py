@@ -66,6 +66,29 @@ class CellRecord:
     reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     trained_by: dict[str, Any] = field(default_factory=dict)  # host, pid, started (ISO time)
+    # How much of its schedule the fit ran: epochs (fractional where the last one was cut
+    # mid-way) of ``epochs_planned`` (optim.epochs), and what stopped it before the end
+    # ("trainer.max_time": Lightning's time cap, which stops quietly). None/"" in records
+    # written before these fields existed: those read as complete.
+    epochs_run: float | None = None
+    epochs_planned: int | None = None
+    stopped_by: str = ""
+
+    @property
+    def cut_short(self) -> bool:
+        """Whether training stopped before its planned schedule ended (a score of a shorter
+        fit, not comparable with complete cells). False for records that do not say."""
+        if self.stopped_by:
+            return True
+        return self.epochs_run is not None and self.epochs_planned is not None and self.epochs_run < self.epochs_planned
+
+    def schedule_text(self) -> str:
+        """``6.5 of 40 epochs, stopped by trainer.max_time`` ("" for a complete or older record)."""
+        if not self.cut_short:
+            return ""
+        ran = "?" if self.epochs_run is None else f"{self.epochs_run:g}"
+        planned = "?" if self.epochs_planned is None else str(self.epochs_planned)
+        return f"{ran} of {planned} epochs" + (f", stopped by {self.stopped_by}" if self.stopped_by else "")
 
 
 _RECORD_SCHEMA = pydantic.TypeAdapter(CellRecord)

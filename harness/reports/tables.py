@@ -14,15 +14,22 @@ What a table guarantees:
 - Configuration. Every finished cell's ``config.yaml`` is read. Per task, the configuration
   most cells share (ignoring the per-method keys, and comparing the rest by the rules of
   harness/config_diff.py, as the grid runner does) is the task's; a cell trained otherwise
-  is marked ``†`` and the footnote names the differing keys. A finished cell without a
-  readable config.yaml is left out and listed.
+  is marked ``†`` and the footnote names the differing keys. Per (task, method), the method's
+  own options (``options``) are compared across its seeds the same way: a cell whose seeds
+  were trained with other options is marked ``†`` too, the footnote naming the key and the
+  seeds. A finished cell without a readable config.yaml is left out and listed.
+- Schedule. A cell with a seed whose training stopped before its planned epochs (the time
+  cap ``trainer.max_time``, recorded as the record's ``stopped_by``/``epochs_run``) is marked
+  ``§`` and the footnote says how far each such seed got; records written before these fields
+  existed read as complete.
 - Spread. A cell whose seeds spread by more than ``SPREAD_LIMIT`` (std, in the metric's units;
   issue 14's target for the tiny profiles) is marked ``‡``: its mean says little about where the
   encoding ranks (some seeds learned the task and some did not), and a paired test against
   the best often cannot reject it, so it can be bold for its spread alone. The mark does not
   change the ranking; it tells the reader to look at the seeds.
-- Ranking. Only complete cells (every seed asked for) of the task's configuration are
-  ranked; a cell with missing seeds or another configuration is never marked best. By
+- Ranking. Only complete cells (every seed asked for, each trained to the end of its schedule)
+  of the task's configuration are ranked and averaged; a cell with missing seeds, another
+  configuration (†) or a seed cut short (§) is never marked best. By
   default the best cell is bold together with every ranked cell not significantly different
   from it (two-sided paired t-test over the seeds both hold, α = 0.05): with a few seeds a
   single bold winner is often noise. The next-best of the rest is underlined. Without a
@@ -54,10 +61,15 @@ from .stats import paired_p_value, t_interval
 CONFIG = "config.yaml"
 # Keys of a cell's config that belong to its method, not to the task's setting.
 PER_METHOD_KEYS = ("method", "encoding", "options", "methods")
+# The method's own settings, compared across the seeds of one (task, method) cell. ``options``
+# holds what the encoding ran with (the profile's ``methods.<encoding>`` merged with the
+# label's own); ``methods`` holds every encoding's, ``method``/``encoding`` are the cell's name.
+METHOD_OPTION_KEYS = ("options",)
+CUT_MARK = "§"  # a seed whose training stopped before its planned epochs (trainer.max_time)
 
 SUMMARY_COLUMNS = [
     "task", "method", "metric", "higher_is_better", "mean", "std", "n", "asked", "failed", "diverged",
-    "status", "config_ok", "wide_spread", "ci_low", "ci_high", "p_vs_best",
+    "status", "config_ok", "wide_spread", "ci_low", "ci_high", "p_vs_best", "cut_short",
 ]  # fmt: skip
 STATUS_PARTIAL = "partial"  # some, not all, of the seeds asked for finished
 STATUS_MISSING = "missing"  # no finished seed, and none failed or diverged
@@ -225,11 +237,16 @@ def config_differences(task: str, tree: dict[str, Any], reference: dict[str, Any
 
 @dataclass(frozen=True)
 class ConfigCheck:
-    """``outliers``: cell -> how its configuration differs from its task's. ``ties``: tasks
-    where no single configuration is the most common (the first found is taken)."""
+    """``outliers``: cell -> how its configuration differs from its task's, or its method
+    options from those of the method's other seeds (every cell marked †, which the tables
+    neither rank nor read further). ``ties``: tasks where no single configuration is the most common
+    (the first found is taken). ``task_differences`` and ``option_differences``: the two
+    parts of ``outliers``, for the footnotes."""
 
     outliers: dict[CellKey, str]
     ties: list[str]
+    task_differences: dict[CellKey, str] = field(default_factory=dict)
+    option_differences: dict[CellKey, str] = field(default_factory=dict)
 
 
 def check_configs(results: StoredResults) -> ConfigCheck:
@@ -243,6 +260,7 @@ def check_configs(results: StoredResults) -> ConfigCheck:
             by_task[record.task].append((key, result_config(results.configs[key])))
     outliers: dict[CellKey, list[str]] = defaultdict(list)
     ties = []
+    options = _option_outliers(results)
     for task, cells in by_task.items():
         prints = [_fingerprint(task, tree) for _, tree in cells]
         common = Counter(prints).most_common()  # equal counts keep the order first found
@@ -256,7 +274,46 @@ def check_configs(results: StoredResults) -> ConfigCheck:
             outliers[key] += differences
         if tied or effective_tied:
             ties.append(task)
-    return ConfigCheck({key: ", ".join(d) for key, d in outliers.items() if d}, ties)
+    task_differences = {key: ", ".join(d) for key, d in outliers.items() if d}
+    marked = {
+        key: ", ".join(part for part in (task_differences.get(key), options.get(key)) if part)
+        for key in dict.fromkeys([*task_differences, *options])
+    }
+    return ConfigCheck(marked, ties, task_differences, options)
+
+
+def _method_options(tree: dict[str, Any]) -> dict[str, Any]:
+    return {key: tree.get(key) or {} for key in METHOD_OPTION_KEYS}
+
+
+def _option_outliers(results: StoredResults) -> dict[CellKey, str]:
+    """Per (task, method): the method options most of its seeds share are the cell's (equal
+    counts: the lowest seed's); each seed trained with others -> ``options.KEY=VALUE (seeds
+    S: VALUE)``, naming the seeds that hold the cell's. Compared by harness/config_diff.py's
+    rules, as the runner compares a stored cell's options: a key one seed lacks differs (an
+    option's default may have changed between the two trainings)."""
+    by_cell: dict[tuple[str, str], list[tuple[CellKey, dict[str, Any]]]] = defaultdict(list)
+    for record in results.records:
+        key = _key(record)
+        if key in (results.configs or {}):
+            by_cell[(record.task, record.method)].append((key, _method_options(results.configs[key])))
+    outliers: dict[CellKey, str] = {}
+    for (task, _), cells in by_cell.items():
+        prints = [_fingerprint(task, tree) for _, tree in cells]
+        common = Counter(prints).most_common()
+        if len(common) < 2:
+            continue
+        members = [key for (key, _), mark in zip(cells, prints, strict=True) if mark == common[0][0]]
+        reference = next(tree for (key, tree) in cells if key == members[0])
+        seeds = sorted(seed for _, _, seed in members)
+        holders = f"seed{seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
+        for key, tree in cells:
+            differences = diff_configs(task, tree, reference)
+            if differences:
+                outliers[key] = ", ".join(
+                    f"{name}={_show(mine)} ({holders}: {_show(theirs)})" for name, mine, theirs in differences
+                )
+    return outliers
 
 
 def _effective_outliers(
@@ -317,7 +374,9 @@ def summary(
 
     ``n`` finished seeds of ``asked``; ``failed``/``diverged`` seed counts; ``status`` ok
     (complete), partial, failed, diverged, missing or n/a; ``config_ok`` False for a cell with
-    a seed trained in another configuration than its task's; ``wide_spread`` True when its
+    a seed trained in another configuration than its task's (or with other method options
+    than the method's other seeds); ``cut_short`` True for a cell with a seed whose training
+    stopped before its planned epochs (trainer.max_time); ``wide_spread`` True when its
     seeds' std exceeds ``spread_limit``; ``ci_low``/``ci_high`` the
     t-interval at level ``ci`` (default 95 %); ``p_vs_best`` the paired t-test's p-value
     against the task's best ranked cell (NaN for the best itself and without a test).
@@ -361,6 +420,7 @@ def _summary_row(
     not_applicable = not scores and any(r.status == store.STATUS_NA for r in records)
     low, high = t_interval(list(scores.values()), level)
     std = values.std() if len(values) else math.nan
+    cut_short = any(r.cut_short for r in records if _scored(r))
     return {
         "task": task,
         "method": method,
@@ -378,13 +438,20 @@ def _summary_row(
         "ci_low": low,
         "ci_high": high,
         "p_vs_best": math.nan,
+        "cut_short": cut_short,
         "scores": scores,
     }
 
 
 def ranked(frame: pd.DataFrame) -> pd.Series:
-    """Which rows may be ranked: complete, of their task's configuration, with a mean."""
-    return (frame["status"] == store.STATUS_OK) & frame["config_ok"].astype(bool) & frame["mean"].notna()
+    """Which rows may be ranked: complete (every seed, each trained to the end of its
+    schedule), of their task's configuration, with a mean."""
+    return (
+        (frame["status"] == store.STATUS_OK)
+        & frame["config_ok"].astype(bool)
+        & ~frame["cut_short"].astype(bool)
+        & frame["mean"].notna()
+    )
 
 
 def best_cells(frame: pd.DataFrame) -> dict[str, Any]:
@@ -476,6 +543,8 @@ def _value_text(row: pd.Series, ci: float | None) -> str:
         text += f" ({int(row['n'])}/{asked})"
     if not row["config_ok"]:
         text += " †"
+    if row["cut_short"]:
+        text += f" {CUT_MARK}"
     if row["wide_spread"]:
         text += " ‡"
     return text
@@ -560,15 +629,18 @@ def _notes(
     notes.append(_ranking_note(tested, significance, alpha))
     if averaged:
         notes.append("Average: over the higher-is-better columns, for methods with a ranked cell in each.")
-    if check.outliers:
-        grouped: dict[tuple[str, str, str], list[int]] = defaultdict(list)
-        for (task, method, seed), difference in check.outliers.items():
-            grouped[(task, method, difference)].append(seed)
-        parts = [
-            f"{task}/{method}/seed{','.join(map(str, sorted(seeds)))}: {difference}"
-            for (task, method, difference), seeds in grouped.items()
-        ]
-        notes.append("† another configuration than the rest of its task (not ranked): " + "; ".join(parts) + ".")
+    split = check.task_differences or check.option_differences
+    task_part = check.task_differences if split else check.outliers
+    if task_part:
+        notes.append("† another configuration than the rest of its task (not ranked): " + _grouped(task_part) + ".")
+    if check.option_differences:
+        notes.append(
+            "† seeds of one method trained with other method options, averaged in one cell (not ranked): "
+            + _grouped(check.option_differences)
+            + "."
+        )
+    if stats["cut_short"].any():
+        notes.append(_cut_note(results))
     if stats["wide_spread"].any():
         notes.append(_spread_mark_note(stats, spread_limit))
     for task in check.ties:
@@ -578,6 +650,26 @@ def _notes(
     if any(r.profile == "tiny" for r in results.records):
         notes.append(_tiny_footnote(sorted({r.task for r in results.records})))
     return notes
+
+
+def _grouped(differences: dict[CellKey, str]) -> str:
+    """``task/method/seed0,2: difference; ...``: the seeds of a cell that differ alike, together."""
+    grouped: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    for (task, method, seed), difference in differences.items():
+        grouped[(task, method, difference)].append(seed)
+    return "; ".join(
+        f"{task}/{method}/seed{','.join(map(str, sorted(seeds)))}: {difference}"
+        for (task, method, difference), seeds in grouped.items()
+    )
+
+
+def _cut_note(results: StoredResults) -> str:
+    parts = [f"{_cell_name(_key(r))}: {r.schedule_text()}" for r in results.records if _scored(r) and r.cut_short]
+    return (
+        f"{CUT_MARK} a seed whose training stopped before its planned epochs: the cell holds a shorter "
+        "schedule's score (not ranked, not in the Average; trainer.max_time stops training quietly and the best "
+        "checkpoint so far is tested): " + "; ".join(parts) + "."
+    )
 
 
 def _spread_mark_note(stats: pd.DataFrame, spread_limit: float) -> str:
@@ -666,14 +758,19 @@ def _markdown(table: _Table) -> str:
     return body + "\n\n" + "\n\n".join([table.caption, *table.notes])
 
 
+def _tex(text: str) -> str:
+    """``latex.escape``, with the cut-short mark as a superscript section sign (like † and ‡)."""
+    return r"$^\S$".join(latex.escape(part) for part in text.split(CUT_MARK))
+
+
 def _latex(table: _Table) -> str:
     wrap = {"bold": r"\textbf{{{}}}", "under": r"\underline{{{}}}", "": "{}"}
     rows = [
-        [latex.escape(method)] + [wrap[m].format(latex.escape(t)) for t, m in zip(texts, marks, strict=True)]
+        [_tex(method)] + [wrap[m].format(_tex(t)) for t, m in zip(texts, marks, strict=True)]
         for method, texts, marks in table.rows
     ]
-    header = [latex.escape("Position encoding")] + [latex.escape(h) for h in table.header]
-    return latex.booktabs_table(header, rows, latex.escape(table.caption), [latex.escape(n) for n in table.notes])
+    header = [_tex("Position encoding")] + [_tex(h) for h in table.header]
+    return latex.booktabs_table(header, rows, _tex(table.caption), [_tex(n) for n in table.notes])
 
 
 def render(
@@ -743,13 +840,14 @@ def render_extra_table(frame: pd.DataFrame) -> str:
 def extra_tables(results: StoredResults | Iterable[store.CellRecord]) -> dict[str, pd.DataFrame]:
     """Every task's own tables (``Task.extra_tables``) by name, from the cells the matrix
     ranks its means from: finished, with a finite score, of their task's configuration (no
-    ``†`` cell; a cell left out as incomplete is not in ``results``). A table that several
+    ``†`` seed), trained to the end of their schedule (no ``§`` seed; a cell left out as
+    incomplete is not in ``results``). A table that several
     tasks share appears once."""
     from pe_bench.tasks import get_task, implemented
 
     results = as_results(results)
     outliers = check_configs(results).outliers
-    finished = [r for r in results.records if _scored(r) and _key(r) not in outliers]
+    finished = [r for r in results.records if _scored(r) and _key(r) not in outliers and not r.cut_short]
     tables: dict[str, pd.DataFrame] = {}
     for name in sorted({r.task for r in finished} & set(implemented())):
         for table_name, frame in get_task(name).extra_tables(finished).items():

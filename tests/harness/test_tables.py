@@ -124,7 +124,7 @@ def test_tables_written_from_stored_cells_only(tmp_path):
     header = (tmp_path / "table.csv").read_text().splitlines()[0]
     assert header.split(",") == tables.SUMMARY_COLUMNS == [
         "task", "method", "metric", "higher_is_better", "mean", "std", "n", "asked", "failed", "diverged",
-        "status", "config_ok", "wide_spread", "ci_low", "ci_high", "p_vs_best",
+        "status", "config_ok", "wide_spread", "ci_low", "ci_high", "p_vs_best", "cut_short",
     ]  # fmt: skip
     assert read_csv(tmp_path)[("imagenet", "pape")]["mean"] == "70.0"
 
