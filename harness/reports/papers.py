@@ -249,8 +249,8 @@ def compare(results: tables.StoredResults | Iterable[store.CellRecord], ref: str
     ours and in the paper (1 = best, respecting lower-is-better columns). ``notes`` explain
     what could not be matched, the ranking agreement per task (Kendall's τ-b with its
     p-value), cells holding fewer seeds than asked for, cells left out for another
-    configuration than their task's, and, for ``tiny``-profile records, that only the ranking
-    is comparable.
+    configuration than their task's or for a seed cut short by the time cap, and, for
+    ``tiny``-profile records, that only the ranking is comparable.
     """
     results = tables.as_results(results)
     records = results.records
@@ -272,7 +272,11 @@ def compare(results: tables.StoredResults | Iterable[store.CellRecord], ref: str
     if len(unfinished):  # without this note they vanished from the rows and from τ unmentioned
         cells = ", ".join(f"{r.task}/{r.method} ({_lost_seeds(r)})" for r in unfinished.itertuples())
         notes.append(f"In the paper's table but without a finished seed here (not compared, not in τ): {cells}.")
-    stats = stats[finished & stats["config_ok"].astype(bool)]
+    cut = stats[finished & stats["config_ok"].astype(bool) & stats["cut_short"].astype(bool)]
+    if len(cut):  # a shorter fit's score is not the paper's schedule's
+        cells = ", ".join(f"{r.task}/{r.method}" for r in cut.itertuples())
+        notes.append(f"Left out, a seed's training stopped before its planned epochs (trainer.max_time): {cells}.")
+    stats = stats[finished & stats["config_ok"].astype(bool) & ~stats["cut_short"].astype(bool)]
     partial = stats[stats["status"] == tables.STATUS_PARTIAL]
     if len(partial):
         cells = ", ".join(f"{r.task}/{r.method} ({r.n}/{r.asked}; {_lost_seeds(r)})" for r in partial.itertuples())

@@ -207,3 +207,13 @@ def test_unknown_references_are_errors():
         papers.load_paper_table("nosuchpaper:table1")
     with pytest.raises(KeyError):
         papers.load_paper_table("pape")
+
+
+def test_a_cell_cut_short_by_the_time_cap_is_left_out_and_named():
+    """The score of a fit that trainer.max_time stopped early is not the paper's schedule's."""
+    cut = rec("imagenet", "rope", 0, 80.9)
+    cut.epochs_run, cut.epochs_planned, cut.stopped_by = 3.0, 40, "trainer.max_time"
+    records = [rec("imagenet", "pape", 0, 81.0), cut, rec("imagenet", "sincos", 0, 79.0)]
+    frame, notes = papers.compare(records, "pape:table1")
+    assert list(frame["method"]) == ["sincos", "pape"]
+    assert any("stopped before its planned epochs" in n and "imagenet/rope" in n for n in notes)
