@@ -213,12 +213,7 @@ def seed_context(out: Path, task: str, methods: list[str] | None, cells: list[Ce
     asked seed was not evaluated; ``outliers``, method -> seed -> how an evaluated cell's
     configuration differs from its task's (tables.check_configs over every stored cell of the
     task); ``ties``, whether no configuration is shared by most cells."""
-    results = tables.load_results(out)
-    results = tables.StoredResults(
-        [r for r in results.records if r.task == task],
-        {k: v for k, v in (results.configs or {}).items() if k[0] == task},
-        {k: v for k, v in results.incomplete.items() if k[0] == task},
-    )
+    results = tables.select_tasks(tables.load_results(out), [task])  # the cells evaluated hold records of it
     asked = tables.asked_seeds(results).get(task, [])
     check = tables.check_configs(results)
     evaluated = {(c.method, c.seed) for c in cells}

@@ -237,16 +237,23 @@ def config_differences(task: str, tree: dict[str, Any], reference: dict[str, Any
 
 @dataclass(frozen=True)
 class ConfigCheck:
-    """``outliers``: cell -> how its configuration differs from its task's, or its method
-    options from those of the method's other seeds (every cell marked †, which the tables
-    neither rank nor read further). ``ties``: tasks where no single configuration is the most common
-    (the first found is taken). ``task_differences`` and ``option_differences``: the two
-    parts of ``outliers``, for the footnotes."""
+    """``task_differences``: cell -> how its configuration differs from its task's;
+    ``option_differences``: cell -> how its method options differ from those of the method's
+    other seeds. ``ties``: tasks where no single configuration is the most common (the first
+    found is taken)."""
 
-    outliers: dict[CellKey, str]
+    task_differences: dict[CellKey, str]
     ties: list[str]
-    task_differences: dict[CellKey, str] = field(default_factory=dict)
     option_differences: dict[CellKey, str] = field(default_factory=dict)
+
+    @property
+    def outliers(self) -> dict[CellKey, str]:
+        """Every cell marked †, which the tables neither rank nor read further: both kinds of
+        difference, joined."""
+        return {
+            key: ", ".join(part for part in (self.task_differences.get(key), self.option_differences.get(key)) if part)
+            for key in dict.fromkeys([*self.task_differences, *self.option_differences])
+        }
 
 
 def check_configs(results: StoredResults) -> ConfigCheck:
@@ -274,12 +281,7 @@ def check_configs(results: StoredResults) -> ConfigCheck:
             outliers[key] += differences
         if tied or effective_tied:
             ties.append(task)
-    task_differences = {key: ", ".join(d) for key, d in outliers.items() if d}
-    marked = {
-        key: ", ".join(part for part in (task_differences.get(key), options.get(key)) if part)
-        for key in dict.fromkeys([*task_differences, *options])
-    }
-    return ConfigCheck(marked, ties, task_differences, options)
+    return ConfigCheck({key: ", ".join(d) for key, d in outliers.items() if d}, ties, options)
 
 
 def _method_options(tree: dict[str, Any]) -> dict[str, Any]:
@@ -629,10 +631,10 @@ def _notes(
     notes.append(_ranking_note(tested, significance, alpha))
     if averaged:
         notes.append("Average: over the higher-is-better columns, for methods with a ranked cell in each.")
-    split = check.task_differences or check.option_differences
-    task_part = check.task_differences if split else check.outliers
-    if task_part:
-        notes.append("† another configuration than the rest of its task (not ranked): " + _grouped(task_part) + ".")
+    if check.task_differences:
+        notes.append(
+            "† another configuration than the rest of its task (not ranked): " + _grouped(check.task_differences) + "."
+        )
     if check.option_differences:
         notes.append(
             "† seeds of one method trained with other method options, averaged in one cell (not ranked): "
