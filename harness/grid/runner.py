@@ -498,11 +498,18 @@ def cell_setup(stored: dict[str, Any]) -> tuple[RunConfig, EncodingFactory]:
 # ``options``.
 def stored_config_differences(stored: dict[str, Any], requested: dict[str, Any]) -> list[str]:
     """Why a stored cell config is not what is requested now, one line per differing key."""
+    return _difference_lines(stored, requested, lambda c: {k: v for k, v in c.items() if k != "methods"})
+
+
+def _difference_lines(
+    stored: dict[str, Any], requested: dict[str, Any], part: Callable[[dict[str, Any]], dict[str, Any]]
+) -> list[str]:
+    """``part`` of the stored and the requested config compared by harness/config_diff.py's
+    rules: ``key: <stored> stored, <requested> requested`` per differing key."""
     task = str(requested.get("task", stored.get("task", "")))
-    mine, theirs = ({k: v for k, v in c.items() if k != "methods"} for c in (stored, requested))
     return [
         f"{key}: {_shown(old)} stored, {_shown(new)} requested"
-        for key, old, new in config_differences(task, mine, theirs)
+        for key, old, new in config_differences(task, part(stored), part(requested))
     ]
 
 
@@ -524,24 +531,16 @@ def option_differences(stored: dict[str, Any], requested: dict[str, Any]) -> lis
     """How a stored cell's own method options (config.yaml's ``options``) differ from those
     requested now, one line per key, by the rules of harness/config_diff.py (a key one side
     lacks differs: an option's default may have changed since the cell was trained)."""
-    task = str(requested.get("task", stored.get("task", "")))
-    mine, theirs = ({"options": c.get("options") or {}} for c in (stored, requested))
-    return [
-        f"{key}: {_shown(old)} stored, {_shown(new)} requested"
-        for key, old, new in config_differences(task, mine, theirs)
-    ]
+    return _difference_lines(stored, requested, lambda c: {"options": c.get("options") or {}})
 
 
-def _check_sibling_options(request: GridRequest, task_name: str, method: MethodSpec, requested: dict) -> None:
-    """A seed is only trained where its method options equal those of the seeds of its
-    (task, method) already stored in the folder: the table averages a row's seeds, so a seed
+def _check_sibling_options(
+    request: GridRequest, task_name: str, method: MethodSpec, requested: dict, to_train: list[int]
+) -> None:
+    """Seeds ``to_train`` are only trained where their method options equal those of the seeds of
+    their (task, method) already stored in the folder: the table averages a row's seeds, so a seed
     of other options (``--set imagenet:methods.rope.base=7``) would be averaged with them
     (the table marks such a cell †, not ranked, but the user asked for another setting)."""
-    to_train = [
-        seed
-        for seed in request.seeds
-        if not store.read_cell(store.cell_dir(request.out, task_name, method.label, seed)).finished
-    ]
     if not to_train:
         return
     folder = store.cell_dir(request.out, task_name, method.label, 0).parent
@@ -578,6 +577,7 @@ def check_consistency(request: GridRequest) -> None:
         for method in request.methods:
             options = method.merged_options(config.methods.get(method.name))
             requested = resolved_config(config, method, options)
+            to_train = []
             for seed in request.seeds:
                 cell = store.cell_dir(request.out, task_name, method.label, seed)
                 stored = store.read_cell(cell)
@@ -587,6 +587,8 @@ def check_consistency(request: GridRequest) -> None:
                         f"{request.out} already holds {existing.profile!r}-profile results for "
                         f"{task_name}/{method.label}/seed{seed}; use another --out for the {request.profile!r} profile"
                     )
+                if not stored.finished:
+                    to_train.append(seed)
                 if not stored.finished or stored.config is None:
                     continue
                 differences = stored_config_differences(stored.config, requested)
@@ -597,7 +599,7 @@ def check_consistency(request: GridRequest) -> None:
                         + (f"; {len(differences) - 3} more" if len(differences) > 3 else "")
                         + "). Use another --out for this setting, or delete that cell to retrain it."
                     )
-            _check_sibling_options(request, task_name, method, requested)
+            _check_sibling_options(request, task_name, method, requested, to_train)
 
 
 Cell = tuple[str, MethodSpec, int]
