@@ -8,8 +8,9 @@ them together; each frame was chosen because German reorders it (verb-second aft
 fronted adverbial, verb-final subordinate clauses, participle at the end), so that copying
 or word-by-word mapping is not enough and attention must find *where* each piece goes.
 
-Everything is drawn from one seeded RNG, so the corpus is identical on every machine with
-the same package versions; it is cached as plain text in the paper layout.
+Everything is drawn from seeded RNGs, so the corpus is identical on every machine with
+the same package versions; it is cached as plain text in the paper layout. Validation and
+test hold only sentences that no earlier split has (``build_unseen_pairs``).
 """
 
 from __future__ import annotations
@@ -84,10 +85,10 @@ def _draw(rng: random.Random, lex: Lexicon, tgt: str = "de") -> Pair:
         return _french(frame, country, language, currency, weekday, n, day)
     if frame == 0:  # fronted adverbial -> verb second
         return f"On {weekday[0]} we fly to {country[0]}.", f"Am {weekday[1]} fliegen wir nach {country[1]}."
-    if frame == 1:  # subordinate clause -> verb final
+    if frame == 1:  # subordinate clause -> verb final; the number gives it unseen sentences to test
         return (
-            f"I know that she speaks {language[0]}.",
-            f"Ich weiß, dass sie {language[1]} spricht.",
+            f"I know that {n[0]} people speak {language[0]}.",
+            f"Ich weiß, dass {n[1]} Menschen {language[1]} sprechen.",
         )
     if frame == 2:
         return f"The price is {n[0]} {currency[0]}.", f"Der Preis beträgt {n[1]} {currency[1]}."
@@ -112,7 +113,7 @@ def _french(frame: int, country: Pair, language: Pair, currency: Pair, weekday: 
     if frame == 0:
         return f"On {weekday[0]} we fly to {country[0]}.", f"Le {weekday[1]}, nous partons pour {country[1]}."
     if frame == 1:
-        return f"I know that she speaks {language[0]}.", f"Je sais qu'elle parle {language[1]}."
+        return f"I know that {n[0]} people speak {language[0]}.", f"Je sais que {n[1]} personnes parlent {language[1]}."
     if frame == 2:
         return f"The price is {n[0]} {currency[0]}.", f"Le prix est de {n[1]} {currency[1]}."
     if frame == 3:
@@ -129,11 +130,49 @@ def _french(frame: int, country: Pair, language: Pair, currency: Pair, weekday: 
 
 def build_pairs(count: int, seed: int, tgt: str = "de") -> list[Pair]:
     """``count`` English->``tgt`` pairs ("de" or "fr") from one seeded RNG."""
+    rng, lex = random.Random(seed), _lexicon_of(tgt)
+    return [_draw(rng, lex, tgt) for _ in range(count)]
+
+
+#: draws allowed per requested unseen pair before giving up: the smallest frames run out of
+#: new sentences, the others have thousands to millions, so one in a few draws is kept
+UNSEEN_DRAWS_PER_PAIR = 100
+
+
+def build_unseen_pairs(
+    count: int, seed: int, seen: set[str], tgt: str = "de", draws_per_pair: int = UNSEEN_DRAWS_PER_PAIR
+) -> list[Pair]:
+    """``count`` pairs none of whose sentences (either side) is in ``seen`` or repeats within them.
+
+    Evaluation splits are drawn this way: independent draws from the same frames repeat
+    training sentences wherever a frame has few (stop 64 found 51 of 200 test pairs copied
+    from training, 37 of them "I know that she speaks X", one sentence per language, a frame
+    that has had a number since), and a copied pair measures recall, which every encoding
+    manages. A frame whose every sentence was seen in training would not appear in evaluation.
+    ``seen`` is extended with the pairs drawn, so a later split is disjoint from this one too.
+    """
+    rng, lex = random.Random(seed), _lexicon_of(tgt)
+    pairs: list[Pair] = []
+    for _ in range(count * draws_per_pair):
+        if len(pairs) == count:
+            break
+        src, ref = _draw(rng, lex, tgt)
+        if src not in seen and ref not in seen:
+            seen.update((src, ref))
+            pairs.append((src, ref))
+    if len(pairs) < count:
+        raise ValueError(
+            f"the tiny en-{tgt} corpus gave {len(pairs)} of {count} evaluation pairs unseen in the earlier splits "
+            f"in {count * draws_per_pair} draws: ask for smaller splits (data.train_size, data.valid_size, "
+            "data.test_size)"
+        )
+    return pairs
+
+
+def _lexicon_of(tgt: str) -> Lexicon:
     if tgt not in ("de", "fr"):
         raise ValueError(f"the tiny corpus has English->German and English->French frames, not {tgt!r}")
-    rng = random.Random(seed)
-    lex = lexicon(tgt)
-    return [_draw(rng, lex, tgt) for _ in range(count)]
+    return lexicon(tgt)
 
 
 def _lower_first(text: str) -> str:
@@ -179,14 +218,20 @@ def tiny_corpus(cache_root: Path, sizes: tuple[int, int, int], tgt: str = "de") 
 
     # The key changes with the sizes and the resource versions, never silently reused.
     versions = {"babel": babel.__version__, "num2words": package_version("num2words")}
-    meta = {"sizes": list(sizes), **versions, "v": 1, "tgt": tgt}
+    # v 2: evaluation pairs unseen in training (build_unseen_pairs); v 1 drew them independently.
+    meta = {"sizes": list(sizes), **versions, "v": 2, "tgt": tgt}
     key = hashlib.sha1(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:12]
     folder = cache_root / "translation" / f"tiny-en-{tgt}-{key}"
     if (folder / "meta.json").exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    # Separate seeds per split: validation and test sentences are fresh draws.
-    for split, count, seed in zip(("train", "valid", "test"), sizes, (11, 12, 13), strict=True):
-        write_split(folder, split, build_pairs(count, seed, tgt), "en", tgt)
+    # Separate seeds per split; validation and test hold only sentences no earlier split has.
+    train_size, valid_size, test_size = sizes
+    train = build_pairs(train_size, 11, tgt)
+    seen = {sentence for pair in train for sentence in pair}
+    valid = build_unseen_pairs(valid_size, 12, seen, tgt)
+    test = build_unseen_pairs(test_size, 13, seen, tgt)
+    for split, pairs in (("train", train), ("valid", valid), ("test", test)):
+        write_split(folder, split, pairs, "en", tgt)
     (folder / "meta.json").write_text(json.dumps(meta))
     return folder

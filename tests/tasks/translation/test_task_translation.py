@@ -12,7 +12,7 @@ import yaml
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import ModelConfig
 from pe_bench.tasks.translation.beam import beam_search
-from pe_bench.tasks.translation.corpus import build_pairs, stack_pairs
+from pe_bench.tasks.translation.corpus import build_pairs, build_unseen_pairs, stack_pairs, tiny_corpus
 from pe_bench.tasks.translation.io import DatasetMissingError, read_split
 from pe_bench.tasks.translation.model import PositionFrame, Seq2SeqTransformer
 from pe_bench.tasks.translation.module import corpus_scores
@@ -276,18 +276,26 @@ def test_data_fingerprint_changes_with_the_corpus_resources(tmp_path: Path, monk
     assert task.data_fingerprint()["corpus"] != fingerprint["corpus"]
 
 
-#: digests of the tiny en-de profile's splits (train 6000 pairs from seed 11, valid 100 from
-#: 12, test 200 from 13; "en<TAB>de" lines) as the README's wmt14 records were trained on
-#: them: Babel 2.18.0 and num2words 0.5.14. Babel 2.19.0 changes 1,892 of the 6,000 German
-#: training sentences (CLDR country names, e.g. "Cabo Verde" for "Curaçao" at one draw).
+#: digests of the tiny en-de profile's splits (train 6000 pairs from seed 11, valid 100 and
+#: test 200 unseen pairs from seeds 12 and 13; "en<TAB>de" lines) as the README's wmt14 records
+#: were trained on them (corpus v 2, stop 65): Babel 2.18.0 and num2words 0.5.14. Babel 2.19.0
+#: changes 1,892 of the 6,000 German training sentences (CLDR country names, e.g. "Cabo Verde"
+#: for "Curaçao" at one draw).
 RECORDED_CORPUS = {
-    "train": (6000, 11, "fc499edc48dd5a1e7e295643739f2e545bb940f0"),
-    "valid": (100, 12, "d2ae41f655f7a2c70dd6ccfd4bc0b791ff3f7e00"),
-    "test": (200, 13, "291b32134ce92dcc4830d93e68f14373ec129dae"),
+    "train": "7a9e93309fa03d3b7c99f7f8f746a45024b48561",
+    "valid": "a12e68cb44eded1133f7b84dc09c45c0315c1f3d",
+    "test": "10c8ba77764c38d8eccb43daba8fa79750581312",
 }
 
 
-def test_tiny_corpus_is_the_one_the_records_were_trained_on() -> None:
+def _split_pairs(folder: Path, split: str, tgt: str = "de") -> list[tuple[str, str]]:
+    sources = (folder / f"{split}.en").read_text(encoding="utf-8").splitlines()
+    targets = (folder / f"{split}.{tgt}").read_text(encoding="utf-8").splitlines()
+    assert len(sources) == len(targets)
+    return list(zip(sources, targets, strict=True))
+
+
+def test_tiny_corpus_is_the_one_the_records_were_trained_on(tmp_path: Path) -> None:
     import hashlib
 
     import babel
@@ -295,12 +303,38 @@ def test_tiny_corpus_is_the_one_the_records_were_trained_on() -> None:
     from pe_bench.harness.data import package_version
 
     installed = f"Babel {babel.__version__}, num2words {package_version('num2words')}"
-    for split, (count, seed, digest) in RECORDED_CORPUS.items():
-        text = "".join(f"{en}\t{de}\n" for en, de in build_pairs(count, seed))
+    folder = tiny_corpus(tmp_path, (6000, 100, 200))
+    for split, digest in RECORDED_CORPUS.items():
+        text = "".join(f"{en}\t{de}\n" for en, de in _split_pairs(folder, split))
         assert hashlib.sha1(text.encode()).hexdigest() == digest, (
             f"the tiny {split} split differs from the one the README's wmt14 records were trained "
             f"on ({installed} installed; pyproject.toml pins the versions that build it)"
         )
+
+
+@pytest.mark.parametrize("tgt", ["de", "fr"])
+def test_tiny_evaluation_splits_hold_no_sentence_of_an_earlier_split(tmp_path: Path, tgt: str) -> None:
+    """Stop 64: independent draws put 51 of the 200 en-de test pairs (and 25 of 100 validation
+    pairs) verbatim in training, so test BLEU partly measured recall. Every frame must still be
+    tested: the verb-final frame had one sentence per language, all of them in training."""
+    folder = tiny_corpus(tmp_path, (6000, 100, 200), tgt)
+    train, valid, test = (_split_pairs(folder, split, tgt) for split in ("train", "valid", "test"))
+    seen = {sentence for pair in train for sentence in pair}
+    assert not seen & {sentence for pair in valid for sentence in pair}
+    assert not (seen | {sentence for pair in valid for sentence in pair}) & {s for pair in test for s in pair}
+    assert len({src for src, _ in test}) == len(test) and len({src for src, _ in valid}) == len(valid)
+    assert len(build_pairs(200, 13, tgt)) == 200 and len(test) == 200 and len(valid) == 100
+    frames = ("fly to", "speak", "price is", "meeting", "people live", "birds", "paid")
+    for split in (valid, test):
+        counts = [sum(frame in src for src, _ in split) for frame in frames]
+        assert min(counts) > 0, dict(zip(frames, counts, strict=True))
+        assert sum(counts) == len(split)  # every pair is one of the frames
+
+
+def test_tiny_corpus_names_the_sizes_when_the_unseen_sentences_run_out() -> None:
+    seen = {sentence for pair in build_pairs(10, 12) for sentence in pair}  # the very draws of seed 12
+    with pytest.raises(ValueError, match=r"gave 0 of 10 evaluation pairs unseen .* data\.test_size"):
+        build_unseen_pairs(10, 12, seen, "de", draws_per_pair=1)
 
 
 def test_tokenizer_vocabulary_does_not_depend_on_the_machine(tmp_path: Path, monkeypatch) -> None:
