@@ -2,9 +2,11 @@
 
 Each translation cell writes ``position_nll.csv``; this overlays them, one curve per method
 (mean over seeds), smoothed with a running mean so that long stacked targets stay
-readable. Usage::
+readable, or with ``--pooled`` prints the loss pooled over ranges of positions, the
+README's translation table. Usage::
 
     python -m pe_bench.tasks.translation.figure RESULTS_DIR [--task wmt14-en-de]
+    python -m pe_bench.tasks.translation.figure RESULTS_DIR --pooled 0-11,24-35,36-47,72-
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import argparse
 import csv
 from collections import defaultdict
 from pathlib import Path
+
+import pandas as pd
 
 
 def read_curves(out: Path, task: str) -> dict[str, list[list[float]]]:
@@ -23,6 +27,36 @@ def read_curves(out: Path, task: str) -> dict[str, list[list[float]]]:
             rows = list(csv.DictReader(handle))
         curves[table.parent.parent.name].append([float(r["mean_nll"]) for r in rows])
     return dict(curves)
+
+
+def parse_ranges(text: str) -> list[tuple[int, int | None]]:
+    """ "0-11,72-" -> [(0, 11), (72, None)]: inclusive target positions, an open end for "72-"."""
+    ranges = []
+    for part in text.split(","):
+        first, sep, last = part.strip().partition("-")
+        if not sep or not first.isdigit() or (last and not last.isdigit()):
+            raise ValueError(f"position range {part!r}: write FIRST-LAST or FIRST- (e.g. 0-11,72-)")
+        ranges.append((int(first), int(last) if last else None))
+    return ranges
+
+
+def pooled_nll(out: Path, task: str, ranges: list[tuple[int, int | None]]) -> pd.DataFrame:
+    """method x range: mean NLL per target token at those positions over every seed's stacked
+    test sentences (each position's mean weighted by how many sentences reach it, so a long
+    tail that few sentences reach counts as the tokens it has)."""
+    frames = []
+    for table in sorted((out / "runs" / task).glob("*/seed*/position_nll.csv")):
+        frame = pd.read_csv(table)
+        frames.append(frame.assign(method=table.parent.parent.name))
+    if not frames:
+        raise FileNotFoundError(f"no {out}/runs/{task}/*/seed*/position_nll.csv: run the task first")
+    rows = pd.concat(frames)
+    columns = {}
+    for first, last in ranges:
+        inside = rows[(rows.position >= first) & (rows.position <= (last if last is not None else rows.position.max()))]
+        tokens = inside.assign(total=inside.mean_nll * inside["count"]).groupby("method")[["total", "count"]].sum()
+        columns[f"{first}-{'' if last is None else last}"] = tokens.total / tokens["count"]
+    return pd.DataFrame(columns)
 
 
 def running_mean(values: list[float], width: int) -> list[float]:
@@ -65,8 +99,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--task", default="wmt14-en-de")
     parser.add_argument("--train-max", type=int, default=None, help="draw the longest training target")
+    parser.add_argument("--pooled", metavar="RANGES", help="print the NLL pooled over position ranges, e.g. 0-11,72-")
     args = parser.parse_args(argv)
-    print(plot(args.out, args.task, args.train_max))
+    if args.pooled:
+        print(pooled_nll(args.out, args.task, parse_ranges(args.pooled)).round(2).to_markdown())
+    else:
+        print(plot(args.out, args.task, args.train_max))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ the same training, rounded by this CPU), so a change of the records' training is
 too. Elsewhere the test is skipped, and `pe-bench reproduce` shows how far a machine is.
 When it fails after a change you meant, retrain the encoding's column (every task, seeds 0-5)
 and replace its records: the README says how (`results/reference`); then write the other
-CPUs' rows again on such a CPU: ``python tests/harness/test_records_are_todays_code.py``."""
+CPUs' rows again on such a CPU: ``python tests/harness/test_records_are_todays_code.py``.
+Until then a CPU's entry names the sentinels it has no rows of (``not_written``, with why), and
+those are skipped there, visibly, rather than compared with rows of the old record."""
 
 from __future__ import annotations
 
@@ -136,7 +138,12 @@ def test_the_other_cpus_rows_are_of_todays_sentinels() -> None:
     cells = seed0_cells()
     for cpu, entry in json.loads(OTHER_CPU_ROWS.read_text()).items():
         assert cpu in OTHER_ARITHMETIC_CPUS, f"{OTHER_CPU_ROWS.name} has rows of {cpu}, not in OTHER_ARITHMETIC_CPUS"
-        assert set(entry["sentinels"]) == set(SENTINEL_TASK), f"{cpu}: write its rows again (this file's __main__)"
+        not_written = entry.get("not_written", {})
+        assert set(entry["sentinels"]) | set(not_written) == set(SENTINEL_TASK), (
+            f"{cpu}: write its rows again (__main__)"
+        )
+        assert not set(entry["sentinels"]) & set(not_written), f"{cpu}: a sentinel both written and not"
+        assert all(why.strip() for why in not_written.values()), f"{cpu}: say why a sentinel's rows are not written"
         for method, sentinel in entry["sentinels"].items():
             cell = cells[SENTINEL_TASK[method], method]
             assert sentinel["cell"] == str(cell.relative_to(ROOT)), f"{cpu} · {method}: rows of another cell"
@@ -152,6 +159,11 @@ def test_the_other_cpus_rows_are_of_todays_sentinels() -> None:
 def test_a_shipped_record_is_what_todays_code_trains(method: str) -> None:
     cell = seed0_cells()[SENTINEL_TASK[method], method]
     other_cpu = _rows_of_this_cpu() if _other_arithmetic() is not None else None
+    if other_cpu and method in other_cpu.get("not_written", {}):
+        pytest.skip(
+            f"{OTHER_CPU_ROWS.name} has no rows of this CPU ({store.cpu_model()}) for {method}'s record: "
+            f"{other_cpu['not_written'][method]}; write them here (`python {Path(__file__).relative_to(ROOT)}`)"
+        )
     expected = other_cpu["sentinels"][method]["rows"] if other_cpu else None
     result = reproduce.reproduce_cell(cell, epochs=1, expected_rows=expected)
     assert not result.skipped, result.skipped

@@ -257,6 +257,20 @@ def test_figure_overlays_methods(tmp_path: Path) -> None:
     assert plot(tmp_path, "wmt14-en-de", train_max=10).stat().st_size > 0
 
 
+def test_pooled_nll_weighs_each_position_by_the_sentences_that_reach_it(tmp_path: Path) -> None:
+    from pe_bench.tasks.translation.figure import parse_ranges, pooled_nll
+
+    for seed, rows in ((0, "0,1.0,4\n1,2.0,4\n2,6.0,1\n"), (1, "0,3.0,4\n1,2.0,2\n")):
+        cell = tmp_path / "runs" / "wmt14-en-de" / "rope" / f"seed{seed}"
+        cell.mkdir(parents=True)
+        (cell / "position_nll.csv").write_text("position,mean_nll,count\n" + rows)
+    pooled = pooled_nll(tmp_path, "wmt14-en-de", parse_ranges("0-0,1-"))
+    assert pooled.loc["rope", "0-0"] == pytest.approx((1.0 * 4 + 3.0 * 4) / 8)
+    assert pooled.loc["rope", "1-"] == pytest.approx((2.0 * 4 + 6.0 + 2.0 * 2) / 7)  # not the mean of the means
+    with pytest.raises(ValueError, match="FIRST-LAST"):
+        parse_ranges("0-11,72")
+
+
 def test_data_fingerprint_changes_with_the_corpus_resources(tmp_path: Path, monkeypatch) -> None:
     """Other Babel tables write other tiny sentences: the cell's ``effective.data`` names the
     corpus by a key that holds Babel's and num2words' versions, beside the tokenizer's and
