@@ -400,3 +400,28 @@ def test_the_tokenizer_returns_the_references_characters(tmp_path: Path, monkeyp
     monkeypatch.setattr(tokenizer, "NORMALIZATION", "nmt_nfkc")
     nfkc = tokenizer.train_tokenizer(texts, 800, tmp_path / "nfkc")
     assert nfkc.decode(nfkc.encode(odd)) != odd  # the default would fail the first assertion
+
+
+def test_readme_translation_table_is_the_shipped_records() -> None:
+    """The README's wmt14-en-de table (BLEU of seeds 0-2, pooled NLL by position range) must be
+    what the shipped records give: its NLL columns were typed in by hand before stop 65."""
+    import statistics
+
+    from pe_bench.tasks.translation.figure import parse_ranges, pooled_nll
+
+    root = Path(__file__).resolve().parents[3]
+    records = root / "results" / "reference" / "tiny-stop65"
+    header = "| Position encoding | BLEU | mean NLL (nats) at target positions 0-11 / 24-35 / 36-47 / 72+ |"
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    rows = readme[readme.index(header) :].split("\n\n")[0].splitlines()[2:]
+    nll = pooled_nll(records, "wmt14-en-de", parse_ranges("0-11,24-35,36-47,72-"))
+    assert sorted(row.split("|")[1].strip() for row in rows) == sorted(nll.index)
+    for row in rows:
+        method, bleu, losses = (cell.strip() for cell in row.strip("|").split("|"))
+        scores = [
+            json.loads((records / "runs" / "wmt14-en-de" / method / f"seed{seed}" / "result.json").read_text())["score"]
+            for seed in range(3)
+        ]
+        seeds = ", ".join(f"{score:.1f}" for score in scores)
+        assert bleu == f"{statistics.mean(scores):.2f} ± {statistics.stdev(scores):.2f} ({seeds})", method
+        assert losses == " / ".join(f"{value:.2f}" for value in nll.loc[method]), method
