@@ -12,20 +12,29 @@ README's translation table. Usage::
 from __future__ import annotations
 
 import argparse
-import csv
 from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
 
 
+def read_tables(out: Path, task: str) -> pd.DataFrame:
+    """Every finished cell's ``position_nll.csv`` in one frame, with its method and seed
+    directory as columns; an error naming the expected files when there is none."""
+    frames = [
+        pd.read_csv(table).assign(method=table.parent.parent.name, seed=table.parent.name)
+        for table in sorted((out / "runs" / task).glob("*/seed*/position_nll.csv"))
+    ]
+    if not frames:
+        raise FileNotFoundError(f"no {out}/runs/{task}/*/seed*/position_nll.csv: run the task first")
+    return pd.concat(frames, ignore_index=True)
+
+
 def read_curves(out: Path, task: str) -> dict[str, list[list[float]]]:
     """method -> per-seed lists of mean NLL by position."""
     curves: dict[str, list[list[float]]] = defaultdict(list)
-    for table in sorted((out / "runs" / task).glob("*/seed*/position_nll.csv")):
-        with table.open() as handle:
-            rows = list(csv.DictReader(handle))
-        curves[table.parent.parent.name].append([float(r["mean_nll"]) for r in rows])
+    for (method, _), cell in read_tables(out, task).groupby(["method", "seed"], sort=True):
+        curves[method].append(cell.sort_values("position").mean_nll.tolist())
     return dict(curves)
 
 
@@ -44,13 +53,7 @@ def pooled_nll(out: Path, task: str, ranges: list[tuple[int, int | None]]) -> pd
     """method x range: mean NLL per target token at those positions over every seed's stacked
     test sentences (each position's mean weighted by how many sentences reach it, so a long
     tail that few sentences reach counts as the tokens it has)."""
-    frames = []
-    for table in sorted((out / "runs" / task).glob("*/seed*/position_nll.csv")):
-        frame = pd.read_csv(table)
-        frames.append(frame.assign(method=table.parent.parent.name))
-    if not frames:
-        raise FileNotFoundError(f"no {out}/runs/{task}/*/seed*/position_nll.csv: run the task first")
-    rows = pd.concat(frames)
+    rows = read_tables(out, task)
     columns = {}
     for first, last in ranges:
         inside = rows[(rows.position >= first) & (rows.position <= (last if last is not None else rows.position.max()))]
@@ -74,8 +77,6 @@ def plot(out: Path, task: str, train_max: int | None = None, width: int = 5) -> 
     import matplotlib.pyplot as plt
 
     curves = read_curves(out, task)
-    if not curves:
-        raise FileNotFoundError(f"no {out}/runs/{task}/*/seed*/position_nll.csv: run the task first")
     fig, ax = plt.subplots(figsize=(7, 4))
     for method, seeds in sorted(curves.items()):
         n = min(len(s) for s in seeds)

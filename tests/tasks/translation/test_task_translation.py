@@ -255,6 +255,8 @@ def test_figure_overlays_methods(tmp_path: Path) -> None:
     curves = read_curves(tmp_path, "wmt14-en-de")
     assert sorted(curves) == ["cape", "rope"] and len(curves["rope"][0]) == 30
     assert plot(tmp_path, "wmt14-en-de", train_max=10).stat().st_size > 0
+    with pytest.raises(FileNotFoundError, match="wmt14-en-fr/\\*/seed\\*/position_nll.csv: run the task"):
+        read_curves(tmp_path, "wmt14-en-fr")
 
 
 def test_pooled_nll_weighs_each_position_by_the_sentences_that_reach_it(tmp_path: Path) -> None:
