@@ -37,30 +37,92 @@ def relation_images(
     distractors: int = 2,
     noise: float = 0.15,
     seed: int | list[int] = 0,
+    pairs: frozenset[tuple[int, int]] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """(count, C, H*patch, W*patch) float images and (count,) int64 labels, deterministic."""
+    """(count, C, H*patch, W*patch) float images and (count,) int64 labels, deterministic.
+    ``pairs``: the (anchor cell, target cell) placements allowed (None: every one off a sector
+    boundary); see :func:`split_pairs`."""
+    images, labels, _ = relation_images_with_pairs(
+        count, num_classes, grid, patch, channels, distractors, noise, seed, pairs
+    )
+    return images, labels
+
+
+def relation_images_with_pairs(
+    count: int,
+    num_classes: int,
+    grid: tuple[int, int],
+    patch: int,
+    channels: int,
+    distractors: int,
+    noise: float,
+    seed: int | list[int],
+    pairs: frozenset[tuple[int, int]] | None = None,
+) -> tuple[Tensor, Tensor, list[tuple[int, int]]]:
+    """:func:`relation_images` and the (anchor, target) cells of each image, the placement
+    its label depends on (what a split's overlap with another is measured by)."""
     rng = np.random.default_rng(seed)
     templates = _templates(patch, channels, np.random.default_rng(1234))
     rows, cols = grid
     cells = rows * cols
     images = rng.normal(0.0, noise, size=(count, channels, rows * patch, cols * patch)).astype(np.float32)
     labels = np.empty(count, dtype=np.int64)
-    sector = 2 * math.pi / num_classes
+    placements = []
     for i in range(count):
         while True:
             a, b, *rest = rng.choice(cells, size=2 + distractors, replace=False)
-            (ay, ax), (by, bx) = divmod(int(a), cols), divmod(int(b), cols)
-            # Image rows grow downwards; flip y so that sector 0 starts at "east", counter-clockwise.
-            angle = math.atan2(ay - by, bx - ax) % (2 * math.pi)
-            # Reject pairs on a sector boundary, whose label would be ambiguous.
-            frac = angle / sector
-            if min(frac - math.floor(frac), math.ceil(frac) - frac) > 0.02:
+            label = pair_label(int(a), int(b), cols, num_classes)
+            # Reject pairs on a sector boundary (label None, ambiguous) and pairs outside the
+            # split's placements: rejection keeps the draws of the unrestricted images unchanged.
+            if label is not None and (pairs is None or (int(a), int(b)) in pairs):
                 break
-        labels[i] = int(frac) % num_classes
+        labels[i] = label
+        placements.append((int(a), int(b)))
         for cell, kind in [(a, 0), (b, 1)] + [(c, 2) for c in rest]:
             y, x = divmod(int(cell), cols)
             images[i, :, y * patch : (y + 1) * patch, x * patch : (x + 1) * patch] += templates[kind]
-    return torch.from_numpy(images), torch.from_numpy(labels)
+    return torch.from_numpy(images), torch.from_numpy(labels), placements
+
+
+def pair_label(anchor: int, target: int, cols: int, num_classes: int) -> int | None:
+    """The direction sector from the anchor cell to the target cell, None for a pair within
+    2 % of a sector's width of a boundary (its label would be ambiguous)."""
+    (ay, ax), (by, bx) = divmod(anchor, cols), divmod(target, cols)
+    # Image rows grow downwards; flip y so that sector 0 starts at "east", counter-clockwise.
+    angle = math.atan2(ay - by, bx - ax) % (2 * math.pi)
+    frac = angle / (2 * math.pi / num_classes)
+    if min(frac - math.floor(frac), math.ceil(frac) - frac) <= 0.02:
+        return None
+    return int(frac) % num_classes
+
+
+def split_pairs(
+    grid: tuple[int, int], num_classes: int, held_out: float, seed: int = 4242
+) -> tuple[frozenset[tuple[int, int]], frozenset[tuple[int, int]]]:
+    """(seen, unseen): the labelled (anchor, target) placements of ``grid`` split so that a
+    ``held_out`` fraction of every class's placements is unseen (at least one per class, and
+    at least one left seen). Fixed by ``seed`` alone: every method and seed holds out the same."""
+    rows, cols = grid
+    by_class: dict[int, list[tuple[int, int]]] = {}
+    for a in range(rows * cols):
+        for b in range(rows * cols):
+            label = pair_label(a, b, cols, num_classes) if a != b else None
+            if label is not None:
+                by_class.setdefault(label, []).append((a, b))
+    if len(by_class) < num_classes or min(map(len, by_class.values())) < 2:
+        raise ValueError(
+            f"a {rows}x{cols} grid has fewer than 2 placements in some of its {num_classes} direction sectors, "
+            "so none can be held out: use a larger data.image_size or fewer data.num_classes"
+        )
+    rng = np.random.default_rng(seed)
+    seen, unseen = set(), set()
+    for label in sorted(by_class):
+        placements = by_class[label]
+        order = rng.permutation(len(placements))
+        cut = min(max(1, round(held_out * len(placements))), len(placements) - 1)
+        unseen.update(placements[i] for i in order[:cut])
+        seen.update(placements[i] for i in order[cut:])
+    return frozenset(seen), frozenset(unseen)
 
 
 class FreshRelationImages(Dataset):
@@ -74,15 +136,15 @@ class FreshRelationImages(Dataset):
     SEED = 7000
 
     def __init__(self, per_epoch: int, num_classes: int, grid: tuple[int, int], patch: int, channels: int,
-                 distractors: int, noise: float) -> None:  # fmt: skip
-        self.per_epoch = per_epoch
+                 distractors: int, noise: float, pairs: frozenset[tuple[int, int]] | None = None) -> None:  # fmt: skip
+        self.per_epoch, self.pairs = per_epoch, pairs
         self.args = (num_classes, grid, patch, channels, distractors, noise)
 
     def __len__(self) -> int:
         return self.per_epoch
 
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
-        images, labels = relation_images(1, *self.args, seed=[self.SEED, int(i)])
+        images, labels = relation_images(1, *self.args, seed=[self.SEED, int(i)], pairs=self.pairs)
         return images[0], labels[0]
 
 

@@ -26,7 +26,7 @@ from .._shared.data_checks import CorruptSampleLog, DataReport, first_readable, 
 from ..base import PatchTask
 from . import readers
 from .resolution import ComposeBatch, RandomBatchResolution, ResizeTTA, check_sides
-from .synthetic import EpochBlocks, FreshRelationImages, relation_images
+from .synthetic import EpochBlocks, FreshRelationImages, relation_images, relation_images_with_pairs, split_pairs
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -53,6 +53,11 @@ class ImageDataConfig(Strict):
     # one fixed training set: the stand-in then gives no reward for fitting images by their
     # placements (README, Stable seeds). Validation and test sets stay fixed.
     fresh_train_images: bool = False
+    # A fraction of every direction class's (anchor cell, target cell) placements that training
+    # and validation never show; the test split holds only those (synthetic.split_pairs). With
+    # 0 (the default) 95-98 % of test images repeat a training image's placement, so a test score
+    # cannot tell the relation from a lookup of placements; held out, it measures the relation.
+    held_out_pairs: float = Field(0.0, ge=0.0, lt=1.0)
     # augmentation (paper profiles)
     randaugment: bool = False
     hflip: bool = False
@@ -70,15 +75,26 @@ class ImageDataConfig(Strict):
 @lru_cache(maxsize=8)
 def _synthetic_splits(
     num_classes: int, image_size: int, patch: int, channels: int, sizes: tuple[int, int, int], distractors: int,
-    noise: float,
-) -> tuple[TensorDataset, TensorDataset, TensorDataset]:  # fmt: skip
+    noise: float, held_out_pairs: float = 0.0,
+) -> tuple[tuple[TensorDataset, TensorDataset, TensorDataset], tuple[list, list, list]]:  # fmt: skip
+    """The train, val and test sets and the (anchor, target) placement of each of their images."""
     grid = (image_size // patch, image_size // patch)
-    splits = []
+    seen, unseen = split_pairs(grid, num_classes, held_out_pairs) if held_out_pairs else (None, None)
+    splits, placements = [], []
     # Fixed data seeds per split: every run of every method sees the same data.
-    for offset, count in enumerate(sizes):
-        x, y = relation_images(count, num_classes, grid, patch, channels, distractors, noise, seed=1000 + offset)
+    for offset, (count, pairs) in enumerate(zip(sizes, (seen, seen, unseen), strict=True)):
+        x, y, where = relation_images_with_pairs(
+            count, num_classes, grid, patch, channels, distractors, noise, seed=1000 + offset, pairs=pairs
+        )
         splits.append(TensorDataset(x, y))
-    return tuple(splits)  # type: ignore[return-value]
+        placements.append(where)
+    return tuple(splits), tuple(placements)  # type: ignore[return-value]
+
+
+def _share_seen(train: list | frozenset, test: list) -> float:
+    """The fraction of test images whose (anchor, target) placement is among the training ones."""
+    seen = set(train)
+    return sum(placement in seen for placement in test) / max(len(test), 1)
 
 
 def _transforms(
@@ -157,14 +173,20 @@ class ImageDataModule(PatchDataModule):
         data = self.data
         if data.source == "synthetic":
             sizes = (data.train_size, data.val_size, data.test_size)
-            train, val, test = _synthetic_splits(
-                data.num_classes, data.image_size, self.patch, data.channels, sizes, data.distractors, data.noise
-            )
+            (train, val, test), placements = _synthetic_splits(
+                data.num_classes, data.image_size, self.patch, data.channels, sizes, data.distractors, data.noise,
+                data.held_out_pairs,
+            )  # fmt: skip
+            self.test_placements_seen = _share_seen(placements[0], placements[2])
             if data.fresh_train_images:
                 grid = (data.image_size // self.patch,) * 2
+                seen = split_pairs(grid, data.num_classes, data.held_out_pairs)[0] if data.held_out_pairs else None
                 train = FreshRelationImages(
-                    data.train_size, data.num_classes, grid, self.patch, data.channels, data.distractors, data.noise
-                )
+                    data.train_size, data.num_classes, grid, self.patch, data.channels, data.distractors, data.noise,
+                    seen,
+                )  # fmt: skip
+                if seen is not None:  # every epoch draws new images, all from the seen placements
+                    self.test_placements_seen = _share_seen(seen, placements[2])
         elif data.source == "imagefolder":
             full, full_log = imagefolder(self.data_root, data, "train")
             held_out, held_out_log = imagefolder(self.data_root, data, "val")
@@ -197,7 +219,12 @@ class ImageDataModule(PatchDataModule):
         return self.loader(train, order=EpochBlocks(len(train), self.seed))
 
     def extra_results(self) -> dict[str, float]:
-        """``corrupt_samples``: images skipped under ``data.max_corrupt_fraction`` > 0 (for the record)."""
+        """For the record: ``corrupt_samples``, images skipped under ``data.max_corrupt_fraction`` > 0;
+        with ``data.held_out_pairs``, the share of test images whose placement training showed
+        (measured on the splits, 0 when the hold-out works)."""
+        if self.data.source == "synthetic" and self.data.held_out_pairs:
+            self.setup()
+            return {"test_placements_seen_in_training": self.test_placements_seen}
         if self.data.source != "imagefolder" or self.data.max_corrupt_fraction == 0:
             return {}
         return {"corrupt_samples": sum(log.count() for log in getattr(self, "corrupt_logs", []))}
@@ -241,6 +268,11 @@ class ImageClassification(PatchTask):
             raise ConfigError(
                 f"{where}: data.image_size={size} is not divisible by model.patch_size={patch}; "
                 f"use e.g. {' or '.join(map(str, fits))}"
+            )
+        if self.data.held_out_pairs and self.data.source != "synthetic":
+            raise ConfigError(
+                f"{where}: data.held_out_pairs holds generated placements out of training and needs "
+                f"data.source=synthetic, not {self.data.source!r}; drop the option for a real dataset"
             )
         if self.data.fresh_train_images and self.data.source != "synthetic":
             raise ConfigError(
