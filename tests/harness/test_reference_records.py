@@ -131,3 +131,16 @@ def test_shipped_records_are_of_the_current_tiny_profiles(folder, tmp_path, caps
     trained = len(list((out / "runs").glob("*/*/seed*/config.yaml")))
     changed = _dry_run(out, capsys, "--set", "optim.epochs=999")
     assert re.search(rf"would do: .*\b{trained} conflict\n", changed), changed[-2000:]
+
+
+def test_readme_has_each_section_once():
+    """A section pasted twice keeps the old copy's text beside the new one (stop 65 left the
+    translation section twice: one copy said the fixed corpus defect was open, the other held
+    imagenet's table under translation's heading)."""
+    headings, fenced = [], False
+    for line in (ROOT / "README.md").read_text(encoding="utf-8").split("\n"):
+        fenced ^= line.startswith("```")
+        if not fenced and line.startswith("#"):
+            headings.append(line)
+    assert [h for h in set(headings) if headings.count(h) > 1] == []
+    assert len(headings) > 30
