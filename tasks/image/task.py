@@ -74,12 +74,11 @@ class ImageDataConfig(Strict):
 
 @lru_cache(maxsize=8)
 def _synthetic_splits(
-    num_classes: int, image_size: int, patch: int, channels: int, sizes: tuple[int, int, int], distractors: int,
-    noise: float, held_out_pairs: float = 0.0,
+    num_classes: int, grid: tuple[int, int], patch: int, channels: int, sizes: tuple[int, int, int], distractors: int,
+    noise: float, seen: frozenset | None = None, unseen: frozenset | None = None,
 ) -> tuple[tuple[TensorDataset, TensorDataset, TensorDataset], tuple[list, list, list]]:  # fmt: skip
-    """The train, val and test sets and the (anchor, target) placement of each of their images."""
-    grid = (image_size // patch, image_size // patch)
-    seen, unseen = split_pairs(grid, num_classes, held_out_pairs) if held_out_pairs else (None, None)
+    """The train, val and test sets (train and val on the ``seen`` placements, test on the
+    ``unseen`` ones; None: any) and the (anchor, target) placement of each of their images."""
     splits, placements = [], []
     # Fixed data seeds per split: every run of every method sees the same data.
     for offset, (count, pairs) in enumerate(zip(sizes, (seen, seen, unseen), strict=True)):
@@ -173,14 +172,14 @@ class ImageDataModule(PatchDataModule):
         data = self.data
         if data.source == "synthetic":
             sizes = (data.train_size, data.val_size, data.test_size)
+            grid = (data.image_size // self.patch,) * 2
+            pairs = split_pairs(grid, data.num_classes, data.held_out_pairs) if data.held_out_pairs else None
+            seen, unseen = pairs or (None, None)
             (train, val, test), placements = _synthetic_splits(
-                data.num_classes, data.image_size, self.patch, data.channels, sizes, data.distractors, data.noise,
-                data.held_out_pairs,
-            )  # fmt: skip
+                data.num_classes, grid, self.patch, data.channels, sizes, data.distractors, data.noise, seen, unseen
+            )
             self.test_placements_seen = _share_seen(placements[0], placements[2])
             if data.fresh_train_images:
-                grid = (data.image_size // self.patch,) * 2
-                seen = split_pairs(grid, data.num_classes, data.held_out_pairs)[0] if data.held_out_pairs else None
                 train = FreshRelationImages(
                     data.train_size, data.num_classes, grid, self.patch, data.channels, data.distractors, data.noise,
                     seen,
