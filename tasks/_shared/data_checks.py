@@ -164,3 +164,10 @@ def first_readable(
         except CorruptFileError as err:
             log.record(key(position), err)
     raise MalformedDatasetError(f"{log.what}: no sample of this split could be read")
+
+
+def share_seen(train: Iterable, test: Sequence) -> float:
+    """The fraction of ``test``'s configurations (the generated placements or paths a label
+    depends on) that are among ``train``'s: what a held-out split brings to 0."""
+    seen = set(train)
+    return sum(configuration in seen for configuration in test) / max(len(test), 1)

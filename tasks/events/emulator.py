@@ -14,7 +14,13 @@ from __future__ import annotations
 import numpy as np
 
 from pe_bench.tasks._shared.event_emulator import emulate_events
-from pe_bench.tasks._shared.motion import MOTIONS, sample_motion
+from pe_bench.tasks._shared.motion import MOTIONS, MotionPath, motion_path, sample_motion
+
+#: an event stream: (x, y, t, polarity) arrays of equal length
+Stream = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+#: flashes per emulated stream: the motion's sample positions
+EMULATED_STEPS = 3
 
 
 def _cell_shapes(cell: int, radius: float) -> tuple[np.ndarray, np.ndarray]:
@@ -32,13 +38,14 @@ def motion_event_streams(
     num_classes: int = len(MOTIONS),
     grid: int = 6,
     cell: int = 8,
-    steps: int = 3,
+    steps: int = EMULATED_STEPS,
     frames: int = 64,
     duration_us: int = 1_000_000,
     threshold: float = 0.25,
     distractors: int = 1,
     seed: int = 0,
-) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], np.ndarray]:
+    paths: frozenset[MotionPath] | None = None,
+) -> tuple[list[Stream], np.ndarray, list[MotionPath]]:
     """``count`` streams on a (grid * cell)^2 sensor and their (count,) labels, balanced, deterministic.
 
     Apparent motion: the object flashes at the ``steps`` sample positions of its motion
@@ -46,6 +53,8 @@ def motion_event_streams(
     with a random onset and length), and ``distractors`` rings flash once each at a random
     free cell and time. Every flash is the same disk centred in its cell, so the events of
     one patch look alike in every class: only where and when patches fire tell the motion.
+    ``paths``: the flash paths allowed (None: every one), see :func:`split_paths`. Also returns
+    each stream's path, the configuration its label depends on.
     """
     rng = np.random.default_rng(seed)
     side = grid * cell
@@ -54,9 +63,10 @@ def motion_event_streams(
     times = np.linspace(0.0, duration_us, frames)
     slot = frames / steps
     sample_u = np.linspace(0.0, 1.0, steps)
-    streams = []
+    streams, drawn = [], []
     for label in labels:
-        motion = sample_motion(int(label), grid, steps, rng)
+        motion = sample_motion(int(label), grid, steps, rng, paths)
+        drawn.append(motion_path(motion, steps))
         cells = np.rint(motion.positions(sample_u)[:, 0]).astype(int)  # (steps, 2)
         disk, ring = _cell_shapes(cell, cell * rng.uniform(0.3, 0.45))
         brightness = rng.uniform(0.6, 1.0)
@@ -76,4 +86,4 @@ def motion_event_streams(
         for r, c, on, off, shape in flashes:
             video[on:off, r * cell : (r + 1) * cell, c * cell : (c + 1) * cell] += brightness * shape
         streams.append(emulate_events(np.clip(video, 0.0, 1.0), times, threshold))
-    return streams, labels.astype(np.int64)
+    return streams, labels.astype(np.int64), drawn

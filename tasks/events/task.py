@@ -13,19 +13,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 from torch import nn
 from torch.utils.data import Dataset, get_worker_info
 
 from pe_bench.adapters import EncodingFactory, Geometry
-from pe_bench.harness.config import Strict
+from pe_bench.harness.config import RunConfig, Strict
 from pe_bench.tasks._shared.event_augment import EventAugmentation
 from pe_bench.tasks._shared.spiking_patches import EventTokens, SpikingPatches
 from pe_bench.tasks._shared.spiking_patches_data import SpikingPatchesDataModule
 
-from .._shared.data_checks import DataReport, scan_files
+from .._shared.data_checks import DataReport, scan_files, share_seen
+from .._shared.motion import MotionPath, check_held_out_paths, split_paths
 from ..base import PatchTask
 from .aedat import check_dvsgesture_classes, check_recording, cut, dvsgesture_root, dvsgesture_samples, read_aedat31
-from .emulator import motion_event_streams
+from .emulator import EMULATED_STEPS, Stream, motion_event_streams
 from .vit import EVENT_GEOMETRY, EventViT, collate_tokens
 
 # Mirror image of each DvsGesture class (0-based): left/right hand waves and circles swap.
@@ -52,9 +54,12 @@ class EventDataConfig(Strict):
     val_size: int = 0
     test_size: int = 0
     contrast: float = 0.25
-
-
-Stream = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    # A fraction of every motion class's flash paths (the cells that flash, in order) that
+    # training and validation never show; the test split holds only those (motion.split_paths).
+    # With 0 (the default) every test stream's path is also a training stream's (373 of the 384
+    # paths of the 6x6 grid are in the tiny training set), so a lookup of paths scores as the
+    # motion does.
+    held_out_paths: float = Field(0.0, ge=0.0, lt=1.0)
 
 
 class EventTokenDataset(Dataset):
@@ -104,10 +109,25 @@ class EventTokenDataset(Dataset):
         return EventTokens(tokens.x[keep], tokens.y[keep], tokens.t[keep], tokens.features[keep])
 
 
+#: side of an emulated stream's grid cell in pixels (patches match it in the tiny profile)
+EMULATED_CELL = 8
+
+
 @lru_cache(maxsize=4)
-def _emulated(count: int, num_classes: int, width: int, contrast: float, seed: int) -> tuple[list[Stream], list[int]]:
-    streams, labels = motion_event_streams(count, num_classes, grid=width // 8, cell=8, threshold=contrast, seed=seed)
-    return streams, labels.tolist()
+def _emulated(
+    count: int, num_classes: int, width: int, contrast: float, seed: int, paths: frozenset[MotionPath] | None
+) -> tuple[list[Stream], list[int], list[MotionPath]]:
+    streams, labels, drawn = motion_event_streams(
+        count, num_classes, grid=width // EMULATED_CELL, cell=EMULATED_CELL, threshold=contrast, seed=seed, paths=paths
+    )
+    return streams, labels.tolist(), drawn
+
+
+def held_out_split(data: EventDataConfig) -> tuple[frozenset, frozenset] | tuple[None, None]:
+    """(seen, unseen) flash paths of ``data.held_out_paths`` (None, None without it)."""
+    if not data.held_out_paths:
+        return None, None
+    return split_paths(data.num_classes, data.width // EMULATED_CELL, EMULATED_STEPS, data.held_out_paths)
 
 
 @lru_cache(maxsize=2)
@@ -129,13 +149,19 @@ class EventDataModule(SpikingPatchesDataModule):
             augmentation = EventAugmentation(d.width, d.height, d.nda, d.event_drop, flip)
         if d.source == "emulated":
             sizes = {"train": d.train_size, "val": d.val_size, "test": d.test_size}
+            seen, unseen = held_out_split(d)
+            paths = {}
             for offset, (name, count) in enumerate(sizes.items()):
                 # Fixed data seeds per split: every method and seed sees the same streams.
-                streams, labels = _emulated(count, d.num_classes, d.width, d.contrast, 3000 + offset)
+                allowed = unseen if name == "test" else seen
+                streams, labels, paths[name] = _emulated(
+                    count, d.num_classes, d.width, d.contrast, 3000 + offset, allowed
+                )
                 aug = augmentation if name == "train" else None
                 self.splits[name] = EventTokenDataset(
                     streams.__getitem__, labels, self.tokenizer(), d.max_tokens, aug, self.seed
                 )
+            self.test_paths_seen = share_seen(paths["train"], paths["test"])
             return
         release = dvsgesture_root(Path(self.data_root or ".") / d.dataset_dir)
         train = dvsgesture_samples(release, "train", d.num_classes)
@@ -153,6 +179,14 @@ class EventDataModule(SpikingPatchesDataModule):
             aug = augmentation if name == "train" else None
             labels = [s[1] for s in samples]
             self.splits[name] = EventTokenDataset(load, labels, self.tokenizer(), d.max_tokens, aug, self.seed)
+
+    def extra_results(self) -> dict[str, float]:
+        """With ``data.held_out_paths``, the share of test streams whose flash path training
+        showed (measured on the splits, 0 when the hold-out works)."""
+        if self.data.source != "emulated" or not self.data.held_out_paths:
+            return {}
+        self.setup()
+        return {"test_paths_seen_in_training": self.test_paths_seen}
 
 
 def tokenizer_throughput(events: int = 2_000_000, repeats: int = 3, seed: int = 0) -> dict[str, float]:
@@ -186,6 +220,12 @@ class DvsGesture(PatchTask):
     DataConfig = EventDataConfig
     data: EventDataConfig
     tiny_standin = "emulated event streams of a flashing disk in apparent motion (direction, rotation sense; 8 classes)"
+
+    def __init__(self, config: RunConfig, data_root: Path | None = None) -> None:
+        super().__init__(config, data_root)
+        d, where = self.data, f"{config.task}/{config.profile}"
+        grid = d.width // EMULATED_CELL
+        check_held_out_paths(d.held_out_paths, d.source == "emulated", d.num_classes, grid, EMULATED_STEPS, where)
 
     def geometry(self) -> Geometry:
         return EVENT_GEOMETRY

@@ -22,7 +22,7 @@ from pe_bench.harness.data import PatchDataModule, stratified_split
 from pe_bench.harness.module import ClassificationModule
 from pe_bench.tasks._shared.vit import ViT, image_geometry
 
-from .._shared.data_checks import CorruptSampleLog, DataReport, first_readable, scan_files
+from .._shared.data_checks import CorruptSampleLog, DataReport, first_readable, scan_files, share_seen
 from ..base import PatchTask
 from . import readers
 from .resolution import ComposeBatch, RandomBatchResolution, ResizeTTA, check_sides
@@ -88,12 +88,6 @@ def _synthetic_splits(
         splits.append(TensorDataset(x, y))
         placements.append(where)
     return tuple(splits), tuple(placements)  # type: ignore[return-value]
-
-
-def _share_seen(train: list | frozenset, test: list) -> float:
-    """The fraction of test images whose (anchor, target) placement is among the training ones."""
-    seen = set(train)
-    return sum(placement in seen for placement in test) / max(len(test), 1)
 
 
 def _transforms(
@@ -178,14 +172,14 @@ class ImageDataModule(PatchDataModule):
             (train, val, test), placements = _synthetic_splits(
                 data.num_classes, grid, self.patch, data.channels, sizes, data.distractors, data.noise, seen, unseen
             )
-            self.test_placements_seen = _share_seen(placements[0], placements[2])
+            self.test_placements_seen = share_seen(placements[0], placements[2])
             if data.fresh_train_images:
                 train = FreshRelationImages(
                     data.train_size, data.num_classes, grid, self.patch, data.channels, data.distractors, data.noise,
                     seen,
                 )  # fmt: skip
                 if seen is not None:  # every epoch draws new images, all from the seen placements
-                    self.test_placements_seen = _share_seen(seen, placements[2])
+                    self.test_placements_seen = share_seen(seen, placements[2])
         elif data.source == "imagefolder":
             full, full_log = imagefolder(self.data_root, data, "train")
             held_out, held_out_log = imagefolder(self.data_root, data, "val")

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_bench.tasks._shared.motion import MOTIONS, sample_motion
+from pe_bench.tasks._shared.motion import MOTIONS, MotionPath, motion_path, sample_motion
 
 
 def _shapes(patch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -34,8 +34,29 @@ def motion_clips(
     channels: int = 3,
     noise: float = 0.1,
     seed: int = 0,
+    paths: frozenset[MotionPath] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """(count, C, steps * tubelet, H, W) float clips and (count,) labels, balanced, deterministic."""
+    """(count, C, steps * tubelet, H, W) float clips and (count,) labels, balanced, deterministic;
+    ``paths``: the disk paths allowed (None: every one), see :func:`split_paths`."""
+    clips, labels, _ = motion_clips_with_paths(
+        count, num_classes, grid, patch, steps, tubelet, channels, noise, seed, paths
+    )
+    return clips, labels
+
+
+def motion_clips_with_paths(
+    count: int,
+    num_classes: int,
+    grid: int,
+    patch: int,
+    steps: int,
+    tubelet: int,
+    channels: int,
+    noise: float,
+    seed: int,
+    paths: frozenset[MotionPath] | None = None,
+) -> tuple[Tensor, Tensor, list[MotionPath]]:
+    """:func:`motion_clips` and each clip's disk path, the configuration its label depends on."""
     if not 1 <= num_classes <= len(MOTIONS):
         raise ValueError(f"num_classes must be 1..{len(MOTIONS)}, got {num_classes}")
     rng = np.random.default_rng(seed)
@@ -45,8 +66,10 @@ def motion_clips(
     labels = np.arange(count) % num_classes
     rng.shuffle(labels)
     sample_u = np.linspace(0.0, 1.0, steps)
+    drawn = []
     for i, label in enumerate(labels):
-        motion = sample_motion(int(label), grid, steps, rng)
+        motion = sample_motion(int(label), grid, steps, rng, paths)
+        drawn.append(motion_path(motion, steps))
         colour = rng.uniform(0.6, 1.0, size=(channels, 1, 1)).astype(np.float32)
         cells = np.rint(motion.positions(sample_u)).astype(int)  # (steps, K, 2)
         occupied = {tuple(c) for c in cells.reshape(-1, 2)}
@@ -59,4 +82,4 @@ def motion_clips(
                 clips[i, :, frames, r * patch : (r + 1) * patch, c * patch : (c + 1) * patch] += (colour * disk)[
                     :, None
                 ]
-    return torch.from_numpy(clips), torch.from_numpy(labels.astype(np.int64))
+    return torch.from_numpy(clips), torch.from_numpy(labels.astype(np.int64)), drawn

@@ -14,16 +14,18 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from pe_bench.adapters import EncodingFactory, Geometry
-from pe_bench.harness.config import Strict
+from pe_bench.harness.config import RunConfig, Strict
 from pe_bench.harness.data import PatchDataModule
 
-from .._shared.data_checks import DataReport, scan_files
+from .._shared.data_checks import DataReport, scan_files, share_seen
+from .._shared.motion import check_held_out_paths, split_paths
 from ..base import PatchTask
-from .synthetic import motion_clips
+from .synthetic import motion_clips_with_paths
 from .ucf101 import check_video, read_tubelet_frames, ucf101_root, ucf101_splits
 from .vivit import VideoBatch, ViViT, video_geometry
 
@@ -49,6 +51,12 @@ class VideoDataConfig(Strict):
     val_size: int = 0
     test_size: int = 0
     noise: float = 0.1
+    # A fraction of every motion class's disk paths (the cells it visits, in order) that
+    # training and validation never show; the test split holds only those (motion.split_paths).
+    # With 0 (the default) every test clip's path is also a training clip's, so a lookup of
+    # paths scores as the motion does. Needs at least 2 paths per class: not on the tiny 3x3
+    # grid, whose diagonal classes have one path each (use data.image_height/width 20: 5x5).
+    held_out_paths: float = Field(0.0, ge=0.0, lt=1.0)
 
 
 def collate_videos(items: list[tuple[Tensor, int, int]]) -> tuple[VideoBatch, Tensor]:
@@ -68,20 +76,30 @@ class _Clips(Dataset):
         return self.clips[i], int(self.labels[i]), self.steps
 
 
+def held_out_split(data: VideoDataConfig, patch: int) -> tuple[frozenset, frozenset] | tuple[None, None]:
+    """(seen, unseen) disk paths of ``data.held_out_paths`` (None, None without it)."""
+    if not data.held_out_paths:
+        return None, None
+    return split_paths(data.num_classes, data.image_height // patch, data.max_samples, data.held_out_paths)
+
+
 @lru_cache(maxsize=4)
-def _synthetic(data: tuple, patch: int) -> dict[str, _Clips]:
+def _synthetic(data: tuple, patch: int) -> tuple[dict[str, _Clips], float]:
+    """The generated splits and the share of test clips whose disk path training shows."""
     config = VideoDataConfig(**dict(data))
     grid = config.image_height // patch
-    splits = {}
+    seen, unseen = held_out_split(config, patch)
+    splits, paths = {}, {}
     # Fixed data seeds per split: every method and seed sees the same clips.
     for offset, (name, count) in enumerate(
         (("train", config.train_size), ("val", config.val_size), ("test", config.test_size))
     ):
-        x, y = motion_clips(
-            count, config.num_classes, grid, patch, config.max_samples, config.tubelet, 3, config.noise, 2000 + offset
-        )
+        x, y, paths[name] = motion_clips_with_paths(
+            count, config.num_classes, grid, patch, config.max_samples, config.tubelet, 3, config.noise, 2000 + offset,
+            unseen if name == "test" else seen,
+        )  # fmt: skip
         splits[name] = _Clips(x, y, config.max_samples)
-    return splits
+    return splits, share_seen(paths["train"], paths["test"])
 
 
 class UCF101Clips(Dataset):
@@ -128,12 +146,21 @@ class VideoDataModule(PatchDataModule):
         if self.splits:
             return
         if self.data.source == "synthetic":
-            self.splits = _synthetic(tuple(sorted(self.data.model_dump().items())), self.patch)
+            splits, self.test_paths_seen = _synthetic(tuple(sorted(self.data.model_dump().items())), self.patch)
+            self.splits = dict(splits)
             return
         fold = ucf101_fold(self.data, self.seed)
         root = ucf101_root(Path(self.data_root or ".") / self.data.dataset_dir, fold)
         items = ucf101_splits(root, fold, self.data.num_classes)
         self.splits = {name: UCF101Clips(items[name], self.data, name == "train") for name in items}
+
+    def extra_results(self) -> dict[str, float]:
+        """With ``data.held_out_paths``, the share of test clips whose disk path training showed
+        (measured on the splits, 0 when the hold-out works)."""
+        if self.data.source != "synthetic" or not self.data.held_out_paths:
+            return {}
+        self.setup()
+        return {"test_paths_seen_in_training": self.test_paths_seen}
 
 
 class UCF101(PatchTask):
@@ -142,6 +169,13 @@ class UCF101(PatchTask):
     DataConfig = VideoDataConfig
     data: VideoDataConfig
     tiny_standin = "generated motion clips on a 3x3 patch grid (direction and rotation sense; 8 classes)"
+
+    def __init__(self, config: RunConfig, data_root: Path | None = None) -> None:
+        super().__init__(config, data_root)
+        d = self.data
+        grid = d.image_height // config.model.patch_size
+        where = f"{config.task}/{config.profile}"
+        check_held_out_paths(d.held_out_paths, d.source == "synthetic", d.num_classes, grid, d.max_samples, where)
 
     def geometry(self) -> Geometry:
         d = self.data

@@ -101,8 +101,8 @@ def test_emulator_emits_one_event_per_contrast_step_with_interpolated_times():
 
 
 def test_emulated_streams_are_balanced_sorted_and_deterministic():
-    streams, labels = motion_event_streams(16, 8, frames=12, seed=1)
-    again, _ = motion_event_streams(16, 8, frames=12, seed=1)
+    streams, labels, _ = motion_event_streams(16, 8, frames=12, seed=1)
+    again, _, _ = motion_event_streams(16, 8, frames=12, seed=1)
     assert np.bincount(labels).tolist() == [2] * 8
     assert all(len(s[2]) > 100 and np.all(np.diff(s[2]) >= 0) for s in streams)
     np.testing.assert_array_equal(streams[3][2], again[3][2])
@@ -121,7 +121,7 @@ def test_emulated_token_contents_do_not_reveal_the_class_but_positions_do():
     tokenizer = SpikingPatches(48, 48, 8, threshold=32, refractory_us=20_000, buckets=8)
 
     def summaries(seed):
-        streams, labels = motion_event_streams(160, 8, seed=seed)
+        streams, labels, _ = motion_event_streams(160, 8, seed=seed)
         bags, moves = [], []
         for events in streams:
             tokens = tokenizer(*events)
@@ -208,7 +208,7 @@ def test_missing_dvsgesture_names_the_path_and_the_layout(tmp_path):
 
 
 def test_augmentations_keep_streams_sorted_and_on_the_sensor():
-    streams, labels = motion_event_streams(4, 8, frames=12, seed=2)
+    streams, labels, _ = motion_event_streams(4, 8, frames=12, seed=2)
     augment = EventAugmentation(48, 48, nda=True, event_drop=True, flip_labels=list(range(8))[::-1])
     for i in range(20):
         (x, y, t, p), label = augment(streams[i % 4], int(labels[i % 4]), np.random.default_rng(i))
@@ -220,7 +220,7 @@ def test_augmentations_keep_streams_sorted_and_on_the_sensor():
 def test_padding_masks_variable_length_tokens_and_changes_nothing():
     config = load_run_config("dvsgesture", "tiny", {"model": {"dim": 32, "depth": 2, "head_init": "default"}})
     task = get_task("dvsgesture")(config)
-    streams, labels = motion_event_streams(3, 8, frames=12, seed=3)
+    streams, labels, _ = motion_event_streams(3, 8, frames=12, seed=3)
     tokenizer = SpikingPatches(48, 48, 8, 32, 20_000, 8)
     data = EventTokenDataset(streams.__getitem__, labels.tolist(), tokenizer, max_tokens=0)
     items = [data[i] for i in range(3)]
