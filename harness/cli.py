@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train and evaluate a grid of tasks x methods x seeds")
     run.add_argument("--tasks", help="comma-separated tasks or a group (all, pape-table1, ...)")
     run.add_argument("--methods", help="comma-separated encodings, NAME[key=value,...] or all")
-    run.add_argument("--study", help="a ready-made grid instead of --tasks/--methods: pape-ablation, pape-m, univit")
+    from .config import studies  # the shipped grids, listed from configs/studies
+
+    run.add_argument("--study", help=f"a ready-made grid instead of --tasks/--methods: {', '.join(studies())}")
     run.add_argument(
         "--profile",
         default="tiny",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -185,3 +187,15 @@ def test_univit_study_overrides_build_valid_image_tasks(profile):
     task = get_task("imagenet")(load_run_config("imagenet", profile, study.overrides[profile]))
     assert len(task.data.train_sides) >= 3 and task.data.tta_delta > 0
     assert task.data.image_size in task.data.train_sides  # the nominal size is one of the training sizes
+
+
+def test_run_help_lists_every_shipped_study(capsys):
+    from pe_bench.harness.cli import main
+    from pe_bench.harness.config import studies
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = re.sub(r"-\s+", "-", " ".join(capsys.readouterr().out.split()))  # argparse wraps at hyphens
+    assert "unseen-paths" in studies()
+    for name in studies():
+        assert name in help_text, f"pe-bench run --help does not name the study {name}"

@@ -146,3 +146,12 @@ def test_a_cell_records_the_share_of_seen_test_paths(tmp_path) -> None:
     assert main(argv + [arg for override in small for arg in ("--set", override)]) == 0
     record = json.loads((store.cell_dir(tmp_path, "dvsgesture", "rope", 0) / "result.json").read_text())
     assert record["status"] == "ok" and record["extra"]["test_paths_seen_in_training"] == 0.0
+
+
+def test_the_unseen_paths_study_holds_a_quarter_out_on_the_tiny_profile() -> None:
+    from pe_bench.harness.config import load_study
+
+    study = load_study("unseen-paths")
+    assert study.tasks == ["dvsgesture"] and "abspos" in study.methods and "rope" in study.methods
+    task = get_task("dvsgesture")(load_run_config("dvsgesture", "tiny", study.overrides["tiny"]))
+    assert task.data.held_out_paths == 0.25
