@@ -125,6 +125,31 @@ def split_pairs(
     return frozenset(seen), frozenset(unseen)
 
 
+def placements_not_seen(
+    grid: tuple[int, int], train_grid: tuple[int, int], seen: frozenset[tuple[int, int]], num_classes: int
+) -> frozenset[tuple[int, int]]:
+    """The labelled placements of ``grid`` (another resolution's patch grid) that are not among
+    the ``seen`` placements of ``train_grid``: a cell is the same position in both when its row
+    and column are (patch positions count from the top-left corner in every resolution). On the
+    training grid itself this is the held-out set."""
+    rows, cols = grid
+    train_rows, train_cols = train_grid
+
+    def on_train_grid(cell: int) -> int | None:
+        y, x = divmod(cell, cols)
+        return y * train_cols + x if y < train_rows and x < train_cols else None
+
+    allowed = set()
+    for a in range(rows * cols):
+        for b in range(rows * cols):
+            if a == b or pair_label(a, b, cols, num_classes) is None:
+                continue
+            ta, tb = on_train_grid(a), on_train_grid(b)
+            if ta is None or tb is None or (ta, tb) not in seen:
+                allowed.add((a, b))
+    return frozenset(allowed)
+
+
 class FreshRelationImages(Dataset):
     """Relation images generated on demand, image ``i`` from its own seed: an unbounded training
     set, so that with :class:`EpochBlocks` no image is seen twice. A fixed training set lets a

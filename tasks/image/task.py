@@ -26,7 +26,14 @@ from .._shared.data_checks import CorruptSampleLog, DataReport, first_readable, 
 from ..base import PatchTask
 from . import readers
 from .resolution import ComposeBatch, RandomBatchResolution, ResizeTTA, check_sides
-from .synthetic import EpochBlocks, FreshRelationImages, relation_images, relation_images_with_pairs, split_pairs
+from .synthetic import (
+    EpochBlocks,
+    FreshRelationImages,
+    placements_not_seen,
+    relation_images,
+    relation_images_with_pairs,
+    split_pairs,
+)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -228,9 +235,14 @@ class ImageDataModule(PatchDataModule):
         data = self.data
         if data.source == "synthetic":
             grid = (height // self.patch, width // self.patch)
+            pairs = None
+            if data.held_out_pairs:  # still none of the placements training showed
+                train_grid = (data.image_size // self.patch,) * 2
+                seen, _ = split_pairs(train_grid, data.num_classes, data.held_out_pairs)
+                pairs = placements_not_seen(grid, train_grid, seen, data.num_classes)
             x, y = relation_images(
                 data.test_size, data.num_classes, grid, self.patch, data.channels, data.distractors, data.noise,
-                seed=5000 + 97 * height + width,
+                seed=5000 + 97 * height + width, pairs=pairs,
             )  # fmt: skip
             return TensorDataset(x, y)
         if data.source == "imagefolder":

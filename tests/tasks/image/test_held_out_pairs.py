@@ -153,3 +153,30 @@ def test_readme_unseen_placements_table_is_the_shipped_records() -> None:
         seeds = " / ".join(f"{score:.1f}" for score in tests)
         assert (val, test) == (_mean_std(vals), f"{_mean_std(tests)} ({seeds})"), method
         assert gap == f"{round(statistics.mean(vals) - statistics.mean(tests), 2) + 0.0:.2f}", method  # no -0.00
+
+
+def test_extrapolation_test_sets_keep_out_the_placements_training_showed() -> None:
+    """pe-bench extrapolate regenerates the test split on other patch grids: with held-out pairs
+    it still shows none of the placements training did (a cell is the same position when its
+    row and column are), and on the training grid itself exactly the held-out ones."""
+    from pe_bench.tasks.image.synthetic import placements_not_seen
+
+    seen, unseen = split_pairs((6, 6), 8, 0.25)
+    assert placements_not_seen((6, 6), (6, 6), seen, 8) == unseen
+    datamodule = _splits("data.held_out_pairs=0.25", train_size=64)
+    for side in (16, 48):
+        grid = (side // 4,) * 2
+        allowed = placements_not_seen(grid, (6, 6), seen, 8)
+        images, labels, placements = relation_images_with_pairs(
+            datamodule.data.test_size, 8, grid, 4, 3, 1, 0.15, seed=5000 + 97 * side + side, pairs=allowed
+        )
+        test = datamodule.test_set_at(side, side)
+        assert torch.equal(test.tensors[0], images) and torch.equal(test.tensors[1], labels)
+        for a, b in placements:
+            (ay, ax), (by, bx) = divmod(a, grid[1]), divmod(b, grid[1])
+            in_training_grid = max(ay, ax, by, bx) < 6
+            assert not (in_training_grid and (ay * 6 + ax, by * 6 + bx) in seen), (side, a, b)
+    # without the option the extrapolation images are those of every stored extrapolation
+    plain = _splits(train_size=64).test_set_at(48, 48)
+    expected = relation_images(datamodule.data.test_size, 8, (12, 12), 4, 3, 1, 0.15, seed=5000 + 97 * 48 + 48)
+    assert torch.equal(plain.tensors[0], expected[0])
