@@ -45,6 +45,8 @@ import numpy as np
 
 from pe_bench.harness.data import cache_root
 
+from .._shared.data_checks import share_seen
+
 CLASSES = ("above-left", "above-right", "below-left", "below-right")
 #: Photographs bundled with scikit-image (no download): the backgrounds.
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "immunohistochemistry", "brick", "grass")
@@ -121,20 +123,34 @@ class Scene:
     marker: tuple[int, int]  # (row, col) of the marker's cell
 
 
-def relation_scene(rng: np.random.Generator, spec: SceneSpec) -> Scene:
+def split_marker_cells(cells: int, held_out: float, seed: int = 4242) -> tuple[frozenset[int], frozenset[int]]:
+    """(seen, unseen): the ``cells`` x ``cells`` marker cells (index row * cells + col) split so
+    that a ``held_out`` fraction (at least one, and at least one left seen) is unseen. Fixed by
+    ``seed`` alone: every method and seed holds out the same cells."""
+    order = np.random.default_rng(seed).permutation(cells * cells)
+    cut = min(max(1, round(held_out * cells * cells)), cells * cells - 1)
+    return frozenset(int(c) for c in order[cut:]), frozenset(int(c) for c in order[:cut])
+
+
+def relation_scene(rng: np.random.Generator, spec: SceneSpec, markers: frozenset[int] | None = None) -> Scene:
     """One image, its boxes and class indices, and the cell of the marker they relate to.
 
     The marker sits inside one cell of the ``cell``-pixel grid (the backbone's patch grid), and
     every object lies wholly in the cells strictly above or below the marker's row of cells
     and strictly left or right of its column: every patch an object touches then sees the
-    marker's patch at an offset whose signs are the object's class.
+    marker's patch at an offset whose signs are the object's class. ``markers``: the cells the
+    marker may sit in (None: any); restricted by rejection, so without it the draws are those
+    of every stored record's scenes.
     """
     size, objects, sides, cell = spec.size, spec.objects, spec.sides, spec.cell
     if size % cell or size // cell < 3 or cell < 5:
         raise ValueError(f"the image side ({size}) must be a multiple of the cell ({cell} >= 5 px), 3 cells or more")
     image = _background(rng, size)
     cells = size // cell
-    col, row = (int(rng.integers(cells)) for _ in range(2))
+    while True:
+        col, row = (int(rng.integers(cells)) for _ in range(2))
+        if markers is None or row * cells + col in markers:
+            break
     # The largest even side below the cell (6 px in an 8-px cell): at least a pixel of margin on
     # each side, and the 3-px bars sit half a pixel off the square's centre.
     marker = (cell - 1) // 2 * 2
@@ -173,14 +189,26 @@ def quantised(image: np.ndarray) -> np.ndarray:
     return np.rint(np.clip(image, 0, 1) * 255).astype(np.uint8)
 
 
-def write_coco_split(root: Path, split: str, count: int, spec: SceneSpec) -> None:
-    """``count`` scenes as ``root/<split>/*.png`` and ``root/annotations/instances_<split>.json``."""
+def object_placements(scene: Scene, cell: int) -> list[tuple[int, int]]:
+    """Per object, (marker cell, cell of the box's centre), indices row * cells + col: the
+    placement its class depends on, what a split's overlap with another is measured by."""
+    cells = scene.image.shape[0] // cell
+    marker = scene.marker[0] * cells + scene.marker[1]
+    return [(marker, (y + h // 2) // cell * cells + (x + w // 2) // cell) for x, y, w, h in scene.boxes]
+
+
+def write_coco_split(
+    root: Path, split: str, count: int, spec: SceneSpec, markers: frozenset[int] | None = None
+) -> list[tuple[int, int]]:
+    """``count`` scenes as ``root/<split>/*.png`` and ``root/annotations/instances_<split>.json``;
+    returns every object's placement (:func:`object_placements`)."""
     from PIL import Image
 
     (root / split).mkdir(parents=True, exist_ok=True)
     (root / "annotations").mkdir(exist_ok=True)
-    images, annotations = [], []
-    for index, scene in enumerate(split_scenes(split, count, spec)):
+    images, annotations, placements = [], [], []
+    for index, scene in enumerate(split_scenes(split, count, spec, markers)):
+        placements += object_placements(scene, spec.cell)
         name = f"{index:012d}.png"
         Image.fromarray(quantised(scene.image)).save(root / split / name)
         images.append({"id": index + 1, "file_name": name, "width": spec.size, "height": spec.size})
@@ -192,20 +220,28 @@ def write_coco_split(root: Path, split: str, count: int, spec: SceneSpec) -> Non
     categories = [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(CLASSES)]
     payload = {"images": images, "annotations": annotations, "categories": categories}
     (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(payload))
+    return placements
 
 
-def split_scenes(split: str, count: int, spec: SceneSpec) -> Iterator[Scene]:
+def split_scenes(split: str, count: int, spec: SceneSpec, markers: frozenset[int] | None = None) -> Iterator[Scene]:
     """The first ``count`` scenes of ``split``, one at a time: what write_coco_split writes and
     what a diagnostic regenerates (with the marker cells the files do not hold)."""
     rng = np.random.default_rng(SPLIT_SEEDS[split])
     for _ in range(count):
-        yield relation_scene(rng, spec)
+        yield relation_scene(rng, spec, markers)
 
 
-def tiny_coco(train: int, test: int, spec: SceneSpec, cache: Path | None = None) -> Path:
+#: written beside a held-out dataset's annotations: the hold-out and its measured overlap
+HELD_OUT_FILE = "held_out.json"
+
+
+def tiny_coco(train: int, test: int, spec: SceneSpec, cache: Path | None = None, held_out: float = 0.0) -> Path:
     """The generated dataset in the COCO 2017 layout (train2017/, val2017/, annotations/),
-    written once per setting under the cache (atomically, so concurrent runs may share it)."""
+    written once per setting under the cache (atomically, so concurrent runs may share it).
+    ``held_out``: a fraction of the marker cells that only the test split (val2017) uses; the
+    share of test objects whose placement training shows is then written to ``HELD_OUT_FILE``."""
     settings = (GENERATOR_VERSION, train, test, spec.size, spec.objects, spec.sides, spec.cell)
+    settings += (held_out,) if held_out else ()  # the default keeps its cache key
     key = hashlib.sha1(repr(settings).encode()).hexdigest()[:12]
     root = (cache or cache_root()) / f"coco-tiny-{key}"
     if (root / "annotations" / "instances_val2017.json").is_file():
@@ -213,8 +249,12 @@ def tiny_coco(train: int, test: int, spec: SceneSpec, cache: Path | None = None)
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:
-        write_coco_split(staging, "train2017", train, spec)
-        write_coco_split(staging, "val2017", test, spec)
+        seen, unseen = split_marker_cells(spec.size // spec.cell, held_out) if held_out else (None, None)
+        trained = write_coco_split(staging, "train2017", train, spec, seen)
+        tested = write_coco_split(staging, "val2017", test, spec, unseen)
+        if held_out:
+            overlap = {"held_out_marker_cells": held_out, "test_objects_seen_in_training": share_seen(trained, tested)}
+            (staging / HELD_OUT_FILE).write_text(json.dumps(overlap))
         try:
             staging.rename(root)
         except OSError:  # another process finished first: keep its copy
