@@ -109,6 +109,8 @@ def test_ucf101_tests_only_held_out_paths_and_the_record_says_so() -> None:
     # the tiny profile as it is: every test clip's path is a training clip's (the README's figure)
     usual = _datamodule("ucf101")
     assert usual.test_paths_seen == 1.0 and usual.extra_results() == {}
+    _, _, train_paths = motion_clips_with_paths(2400, 8, 3, 4, 3, 2, 3, 0.1, 2000)
+    assert len(set(train_paths)) == 30  # every path of the 3x3 grid is in training
 
 
 def test_dvsgesture_tests_only_held_out_paths_and_the_record_says_so() -> None:
