@@ -6,17 +6,13 @@ of paths scores as well as the motion."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pe_bench.harness.cli import main
 from pe_bench.harness.config import ConfigError, load_run_config, parse_overrides
-from pe_bench.harness.grid import store
 from pe_bench.tasks._shared.motion import MOTIONS, class_paths, motion_path, sample_motion, split_paths
 from pe_bench.tasks.base import get_task
 from pe_bench.tasks.events.emulator import motion_event_streams
@@ -139,15 +135,6 @@ def test_held_out_paths_that_cannot_work_are_config_errors(task, profile, overri
     config = load_run_config(task, profile, parse_overrides([*overrides, "data.held_out_paths=0.25"]))
     with pytest.raises(ConfigError, match=f"{task}/{profile}: data.held_out_paths.*{message}"):
         get_task(task)(config)
-
-
-def test_a_cell_records_the_share_of_seen_test_paths(tmp_path) -> None:
-    small = ["optim.epochs=1", "data.train_size=64", "data.val_size=16", "data.test_size=16", "model.dim=32",
-             "model.depth=1", "optim.batch_size=16", "data.held_out_paths=0.25"]  # fmt: skip
-    argv = ["run", "--tasks", "dvsgesture", "--methods", "rope", "--out", str(tmp_path), "--no-progress"]
-    assert main(argv + [arg for override in small for arg in ("--set", override)]) == 0
-    record = json.loads((store.cell_dir(tmp_path, "dvsgesture", "rope", 0) / "result.json").read_text())
-    assert record["status"] == "ok" and record["extra"]["test_paths_seen_in_training"] == 0.0
 
 
 def test_the_unseen_paths_study_holds_a_quarter_out_on_the_tiny_profile() -> None:

@@ -11,9 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pe_bench.harness.cli import main
 from pe_bench.harness.config import ConfigError, load_run_config, parse_overrides
-from pe_bench.harness.grid import store
 from pe_bench.tasks._shared.data_checks import share_seen
 from pe_bench.tasks.base import get_task
 from pe_bench.tasks.detection.synthetic import (
@@ -74,13 +72,3 @@ def test_held_out_marker_cells_need_generated_scenes() -> None:
     config = load_run_config("coco", "paper", parse_overrides(["data.held_out_marker_cells=0.25"]))
     with pytest.raises(ConfigError, match="coco/paper: data.held_out_marker_cells.*generated"):
         get_task("coco")(config)
-
-
-def test_a_cell_records_the_share_of_seen_test_objects(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("PE_BENCH_CACHE", str(tmp_path / "cache"))
-    small = ["optim.epochs=1", "optim.batch_size=8", "model.dim=32", "model.depth=1", "model.neck_dim=16"]
-    small += ["data.train_size=24", "data.test_size=8", "data.val_fraction=0.25", "data.held_out_marker_cells=0.25"]
-    argv = ["run", "--tasks", "coco", "--methods", "rope", "--out", str(tmp_path / "out"), "--no-progress"]
-    assert main(argv + [arg for override in small for arg in ("--set", override)]) == 0
-    record = json.loads((store.cell_dir(tmp_path / "out", "coco", "rope", 0) / "result.json").read_text())
-    assert record["status"] == "ok" and record["extra"]["test_objects_seen_in_training"] == 0.0

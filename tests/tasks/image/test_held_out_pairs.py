@@ -15,9 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pe_bench.harness.cli import main
 from pe_bench.harness.config import ConfigError, load_run_config, parse_overrides
-from pe_bench.harness.grid import store
 from pe_bench.tasks.base import get_task
 from pe_bench.tasks.image.synthetic import (
     FreshRelationImages,
@@ -106,15 +104,6 @@ def test_held_out_pairs_need_the_synthetic_source() -> None:
     config = load_run_config("cifar10", "paper", parse_overrides(["data.held_out_pairs=0.25"]))
     with pytest.raises(ConfigError, match="held_out_pairs.*synthetic"):
         get_task("cifar10")(config)
-
-
-def test_a_cell_records_the_share_of_seen_test_placements(tmp_path) -> None:
-    small = ["optim.epochs=1", "data.train_size=64", "data.val_size=16", "data.test_size=16", "model.dim=32",
-             "model.depth=1", "optim.batch_size=16", "data.held_out_pairs=0.25"]  # fmt: skip
-    argv = ["run", "--tasks", "imagenet", "--methods", "rope", "--out", str(tmp_path), "--no-progress"]
-    assert main(argv + [arg for override in small for arg in ("--set", override)]) == 0
-    record = json.loads((store.cell_dir(tmp_path, "imagenet", "rope", 0) / "result.json").read_text())
-    assert record["status"] == "ok" and record["extra"]["test_placements_seen_in_training"] == 0.0
 
 
 def test_the_unseen_placements_study_holds_a_quarter_out_on_the_tiny_profile() -> None:
