@@ -1,0 +1,41 @@
+"""The README's "Unseen placements" tables are the shipped study records (results/reference-studies):
+per encoding, mean ± std over seeds 0-2 of the best validation score (seen configurations) and the
+test score (unseen ones), each cell measured to have no test configuration in its training set."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STUDIES = ROOT / "results" / "reference-studies"
+
+#: (records folder, task, what each cell records of its overlap, the table's header)
+TABLES = [
+    ("unseen-placements-stop66", "imagenet", "test_placements_seen_in_training",
+     "| Position encoding | validation, seen placements | test, unseen placements | seen − unseen |"),
+]  # fmt: skip
+
+
+def _mean_std(values: list[float]) -> str:
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+@pytest.mark.parametrize(("folder", "task", "recorded", "header"), TABLES, ids=[t[0] for t in TABLES])
+def test_readme_unseen_table_is_the_shipped_records(folder: str, task: str, recorded: str, header: str) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme.count(header) == 1, f"the README has {readme.count(header)} tables headed {header}"
+    rows = readme[readme.index(header) :].split("\n\n")[0].splitlines()[2:]
+    runs = STUDIES / folder / "runs" / task
+    assert sorted(row.split("|")[1].strip() for row in rows) == sorted(p.name for p in runs.iterdir())
+    for row in rows:
+        method, val, test, gap = (cell.strip() for cell in row.strip("|").split("|"))
+        records = [json.loads((runs / method / f"seed{seed}" / "result.json").read_text()) for seed in range(3)]
+        assert all(r["status"] == "ok" and r["extra"][recorded] == 0.0 for r in records), method
+        vals, tests = [r["best_val"] for r in records], [r["score"] for r in records]
+        seeds = " / ".join(f"{score:.1f}" for score in tests)
+        assert (val, test) == (_mean_std(vals), f"{_mean_std(tests)} ({seeds})"), method
+        assert gap == f"{round(statistics.mean(vals) - statistics.mean(tests), 2) + 0.0:.2f}", method  # no -0.00
