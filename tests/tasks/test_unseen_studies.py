@@ -17,6 +17,8 @@ STUDIES = ROOT / "results" / "reference-studies"
 TABLES = [
     ("unseen-placements-stop66", "imagenet", "test_placements_seen_in_training",
      "| Position encoding | validation, seen placements | test, unseen placements | seen − unseen |"),
+    ("unseen-paths-stop67", "dvsgesture", "test_paths_seen_in_training",
+     "| Position encoding | validation, seen paths | test, unseen paths | seen − unseen |"),
 ]  # fmt: skip
 
 
