@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from pe_bench.harness.config import ConfigError
+
 T = TypeVar("T")
 
 #: names printed in a message before "and N more"
@@ -171,3 +173,17 @@ def share_seen(train: Iterable, test: Sequence) -> float:
     depends on) that are among ``train``'s: what a held-out split brings to 0."""
     seen = set(train)
     return sum(configuration in seen for configuration in test) / max(len(test), 1)
+
+
+def refuse_moving_augmentations(option: str, augmentations: dict[str, bool], where: str) -> None:
+    """A ConfigError when a hold-out ``option`` meets a training augmentation that moves
+    positions (flips, crops, shifts, rotations, rescaling): it would carry training samples onto
+    held-out configurations, while the recorded overlap, measured on the generated splits, would
+    still read 0. ``augmentations``: each option's name and whether it is on."""
+    on = [name for name, active in augmentations.items() if active]
+    if on:
+        raise ConfigError(
+            f"{where}: {option} holds configurations out of training, but {', '.join(on)} "
+            f"{'moves' if len(on) == 1 else 'move'} training samples' positions onto held-out ones; "
+            f"turn {'it' if len(on) == 1 else 'them'} off or drop {option}"
+        )

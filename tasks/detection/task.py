@@ -25,7 +25,7 @@ from torch.utils.data import Dataset, get_worker_info
 from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import ConfigError, RunConfig, Strict
 from pe_bench.harness.data import SplitDataModule, package_version
-from pe_bench.tasks._shared.data_checks import DataReport, scan_files
+from pe_bench.tasks._shared.data_checks import DataReport, refuse_moving_augmentations, scan_files
 from pe_bench.tasks._shared.spiking_patches import EventBatch, EventTokens, SpikingPatches, pad_tokens
 from pe_bench.tasks._shared.spiking_patches_data import SpikingPatchesDataModule
 
@@ -168,6 +168,9 @@ class Coco(DetectionTask):
                 f"{config.task}/{config.profile}: data.held_out_marker_cells holds generated marker cells out of "
                 f"training and needs data.source=generated, not {self.data.source!r}; drop it for a real dataset"
             )
+        if self.data.held_out_marker_cells:  # jitter rescales and crops (RandAugment here is photometric only)
+            jitter = {"data.large_scale_jitter": self.data.large_scale_jitter}
+            refuse_moving_augmentations("data.held_out_marker_cells", jitter, f"{config.task}/{config.profile}")
         if self.data.source == "generated" and self.data.cell != patch:
             raise ConfigError(
                 f"{config.task}/{config.profile}: data.cell ({self.data.cell}) must equal model.patch_size "

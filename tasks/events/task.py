@@ -23,7 +23,7 @@ from pe_bench.tasks._shared.event_augment import EventAugmentation
 from pe_bench.tasks._shared.spiking_patches import EventTokens, SpikingPatches
 from pe_bench.tasks._shared.spiking_patches_data import SpikingPatchesDataModule
 
-from .._shared.data_checks import DataReport, scan_files, share_seen
+from .._shared.data_checks import DataReport, refuse_moving_augmentations, scan_files, share_seen
 from .._shared.motion import MotionPath, check_held_out_paths, split_paths
 from ..base import PatchTask
 from .aedat import check_dvsgesture_classes, check_recording, cut, dvsgesture_root, dvsgesture_samples, read_aedat31
@@ -226,6 +226,8 @@ class DvsGesture(PatchTask):
         d, where = self.data, f"{config.task}/{config.profile}"
         grid = d.width // EMULATED_CELL
         check_held_out_paths(d.held_out_paths, d.source == "emulated", d.num_classes, grid, EMULATED_STEPS, where)
+        if d.held_out_paths:  # NDA rolls, rotates and shears streams (EventDrop only removes events)
+            refuse_moving_augmentations("data.held_out_paths", {"data.nda": d.nda}, where)
 
     def geometry(self) -> Geometry:
         return EVENT_GEOMETRY

@@ -22,7 +22,14 @@ from pe_bench.harness.data import PatchDataModule, stratified_split
 from pe_bench.harness.module import ClassificationModule
 from pe_bench.tasks._shared.vit import ViT, image_geometry
 
-from .._shared.data_checks import CorruptSampleLog, DataReport, first_readable, scan_files, share_seen
+from .._shared.data_checks import (
+    CorruptSampleLog,
+    DataReport,
+    first_readable,
+    refuse_moving_augmentations,
+    scan_files,
+    share_seen,
+)
 from ..base import PatchTask
 from . import readers
 from .resolution import ComposeBatch, RandomBatchResolution, ResizeTTA, check_sides
@@ -279,6 +286,8 @@ class ImageClassification(PatchTask):
                 f"{where}: data.held_out_pairs holds generated placements out of training and needs "
                 f"data.source=synthetic, not {self.data.source!r}; drop the option for a real dataset"
             )
+        if self.data.held_out_pairs:  # a rescaled batch puts the markers on other patch cells
+            refuse_moving_augmentations("data.held_out_pairs", {"data.train_sides": bool(self.data.train_sides)}, where)
         if self.data.fresh_train_images and self.data.source != "synthetic":
             raise ConfigError(
                 f"{where}: data.fresh_train_images generates new relation images every epoch and needs "
