@@ -78,6 +78,6 @@ def test_the_unseen_marker_cells_study_holds_a_quarter_out_on_the_tiny_profile()
     from pe_bench.harness.config import load_study
 
     study = load_study("unseen-marker-cells")
-    assert study.tasks == ["coco"] and {"abspos", "sincos", "rope", "pape"} <= set(study.methods)
+    assert study.tasks == ["coco"] and {"abspos", "sincos", "rope", "relpos"} <= set(study.methods)
     task = get_task("coco")(load_run_config("coco", "tiny", study.overrides["tiny"]))
     assert task.data.held_out_marker_cells == 0.25
