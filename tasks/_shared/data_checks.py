@@ -187,3 +187,16 @@ def refuse_moving_augmentations(option: str, augmentations: dict[str, bool], whe
             f"{'moves' if len(on) == 1 else 'move'} training samples' positions onto held-out ones; "
             f"turn {'it' if len(on) == 1 else 'them'} off or drop {option}"
         )
+
+
+def refuse_ignored_augmentations(augmentations: dict[str, bool], source: str, where: str) -> None:
+    """A ConfigError for per-sample augmentations that the generated data does not apply (they
+    are transforms of the real datasets' readers), so that setting one is never a silent no-op.
+    On the generated relation data a flip would change the label (a direction, a motion) anyway."""
+    on = [name for name, active in augmentations.items() if active]
+    if on:
+        raise ConfigError(
+            f"{where}: {', '.join(on)} {'augments' if len(on) == 1 else 'augment'} real datasets only; the generated "
+            f"data (data.source={source}) is used as it is and would ignore {'it' if len(on) == 1 else 'them'} "
+            "(a flip would also change its direction label): drop the option, or use the real dataset"
+        )

@@ -26,6 +26,7 @@ from .._shared.data_checks import (
     CorruptSampleLog,
     DataReport,
     first_readable,
+    refuse_ignored_augmentations,
     refuse_moving_augmentations,
     scan_files,
     share_seen,
@@ -286,6 +287,14 @@ class ImageClassification(PatchTask):
                 f"{where}: data.held_out_pairs holds generated placements out of training and needs "
                 f"data.source=synthetic, not {self.data.source!r}; drop the option for a real dataset"
             )
+        if self.data.source == "synthetic":
+            d = self.data
+            per_image = {
+                "data.hflip": d.hflip,
+                "data.randaugment": d.randaugment,
+                "data.random_resized_crop": d.random_resized_crop,
+            }
+            refuse_ignored_augmentations(per_image, d.source, where)
         if self.data.held_out_pairs:  # a rescaled batch puts the markers on other patch cells
             refuse_moving_augmentations("data.held_out_pairs", {"data.train_sides": bool(self.data.train_sides)}, where)
         if self.data.fresh_train_images and self.data.source != "synthetic":

@@ -22,7 +22,7 @@ from pe_bench.adapters import EncodingFactory, Geometry
 from pe_bench.harness.config import RunConfig, Strict
 from pe_bench.harness.data import PatchDataModule
 
-from .._shared.data_checks import DataReport, scan_files, share_seen
+from .._shared.data_checks import DataReport, refuse_ignored_augmentations, scan_files, share_seen
 from .._shared.motion import check_held_out_paths, split_paths
 from ..base import PatchTask
 from .synthetic import motion_clips_with_paths
@@ -176,6 +176,8 @@ class UCF101(PatchTask):
         grid = d.image_height // config.model.patch_size
         where = f"{config.task}/{config.profile}"
         check_held_out_paths(d.held_out_paths, d.source == "synthetic", d.num_classes, grid, d.max_samples, where)
+        if d.source == "synthetic":
+            refuse_ignored_augmentations({"data.hflip": d.hflip, "data.randaugment": d.randaugment}, d.source, where)
 
     def geometry(self) -> Geometry:
         d = self.data

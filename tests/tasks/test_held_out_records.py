@@ -52,3 +52,15 @@ def test_a_hold_out_refuses_augmentations_that_move_positions(task, overrides, n
     with pytest.raises(ConfigError, match=f"{task}/tiny: data.held_out.*{named} moves training samples"):
         get_task(task)(config)
     get_task(task)(load_run_config(task, "tiny", parse_overrides(overrides[1:])))  # without the hold-out: fine
+
+
+@pytest.mark.parametrize(
+    ("task", "option"),
+    [("imagenet", "data.hflip"), ("imagenet", "data.randaugment"), ("imagenet", "data.random_resized_crop"),
+     ("cifar10", "data.hflip"), ("ucf101", "data.hflip"), ("ucf101", "data.randaugment")],
+)  # fmt: skip
+def test_per_sample_augmentations_the_generated_data_ignores_are_errors(task, option):
+    """They transform the real datasets only: on the generated data they were a silent no-op."""
+    config = load_run_config(task, "tiny", parse_overrides([f"{option}=true"]))
+    with pytest.raises(ConfigError, match=f"{task}/tiny: {option} augments real datasets only"):
+        get_task(task)(config)
