@@ -135,12 +135,3 @@ def test_held_out_paths_that_cannot_work_are_config_errors(task, profile, overri
     config = load_run_config(task, profile, parse_overrides([*overrides, "data.held_out_paths=0.25"]))
     with pytest.raises(ConfigError, match=f"{task}/{profile}: data.held_out_paths.*{message}"):
         get_task(task)(config)
-
-
-def test_the_unseen_paths_study_holds_a_quarter_out_on_the_tiny_profile() -> None:
-    from pe_bench.harness.config import load_study
-
-    study = load_study("unseen-paths")
-    assert study.tasks == ["dvsgesture"] and {"sincos", "rope", "pape"} <= set(study.methods)
-    task = get_task("dvsgesture")(load_run_config("dvsgesture", "tiny", study.overrides["tiny"]))
-    assert task.data.held_out_paths == 0.25

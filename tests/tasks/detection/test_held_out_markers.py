@@ -72,12 +72,3 @@ def test_held_out_marker_cells_need_generated_scenes() -> None:
     config = load_run_config("coco", "paper", parse_overrides(["data.held_out_marker_cells=0.25"]))
     with pytest.raises(ConfigError, match="coco/paper: data.held_out_marker_cells.*generated"):
         get_task("coco")(config)
-
-
-def test_the_unseen_marker_cells_study_holds_a_quarter_out_on_the_tiny_profile() -> None:
-    from pe_bench.harness.config import load_study
-
-    study = load_study("unseen-marker-cells")
-    assert study.tasks == ["coco"] and {"abspos", "sincos", "rope", "relpos"} <= set(study.methods)
-    task = get_task("coco")(load_run_config("coco", "tiny", study.overrides["tiny"]))
-    assert task.data.held_out_marker_cells == 0.25

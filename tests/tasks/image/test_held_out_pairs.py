@@ -102,15 +102,6 @@ def test_held_out_pairs_need_the_synthetic_source() -> None:
         get_task("cifar10")(config)
 
 
-def test_the_unseen_placements_study_holds_a_quarter_out_on_the_tiny_profile() -> None:
-    from pe_bench.harness.config import load_study
-
-    study = load_study("unseen-placements")
-    assert study.tasks == ["imagenet"] and "abspos" in study.methods and "rope" in study.methods
-    task = get_task("imagenet")(load_run_config("imagenet", "tiny", study.overrides["tiny"]))
-    assert task.data.held_out_pairs == 0.25
-
-
 def test_extrapolation_test_sets_keep_out_the_placements_training_showed() -> None:
     """pe-bench extrapolate regenerates the test split on other patch grids: with held-out pairs
     it still shows none of the placements training did (a cell is the same position when its
