@@ -163,14 +163,16 @@ class Coco(DetectionTask):
     def __init__(self, config: RunConfig, data_root: Path | None = None) -> None:
         super().__init__(config, data_root)
         patch = config.model.patch_size
-        if self.data.held_out_marker_cells and self.data.source != "generated":
-            raise ConfigError(
-                f"{config.task}/{config.profile}: data.held_out_marker_cells holds generated marker cells out of "
-                f"training and needs data.source=generated, not {self.data.source!r}; drop it for a real dataset"
-            )
-        if self.data.held_out_marker_cells:  # jitter rescales and crops (RandAugment here is photometric only)
+        if self.data.held_out_marker_cells:
+            where = f"{config.task}/{config.profile}"
+            if self.data.source != "generated":
+                raise ConfigError(
+                    f"{where}: data.held_out_marker_cells holds generated marker cells out of training and needs "
+                    f"data.source=generated, not {self.data.source!r}; drop it for a real dataset"
+                )
+            # jitter rescales and crops (RandAugment here is photometric only)
             jitter = {"data.large_scale_jitter": self.data.large_scale_jitter}
-            refuse_moving_augmentations("data.held_out_marker_cells", jitter, f"{config.task}/{config.profile}")
+            refuse_moving_augmentations("data.held_out_marker_cells", jitter, where)
         if self.data.source == "generated" and self.data.cell != patch:
             raise ConfigError(
                 f"{config.task}/{config.profile}: data.cell ({self.data.cell}) must equal model.patch_size "

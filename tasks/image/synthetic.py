@@ -11,6 +11,7 @@ chance by construction, and the gap to it measures what the position encoding ad
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -96,6 +97,16 @@ def pair_label(anchor: int, target: int, cols: int, num_classes: int) -> int | N
     return int(frac) % num_classes
 
 
+def labelled_placements(grid: tuple[int, int], num_classes: int) -> Iterator[tuple[tuple[int, int], int]]:
+    """Every (anchor, target) placement of ``grid`` off a sector boundary, with its label."""
+    cells = grid[0] * grid[1]
+    for a in range(cells):
+        for b in range(cells):
+            label = pair_label(a, b, grid[1], num_classes) if a != b else None
+            if label is not None:
+                yield (a, b), label
+
+
 def split_pairs(
     grid: tuple[int, int], num_classes: int, held_out: float, seed: int = 4242
 ) -> tuple[frozenset[tuple[int, int]], frozenset[tuple[int, int]]]:
@@ -104,11 +115,8 @@ def split_pairs(
     at least one left seen). Fixed by ``seed`` alone: every method and seed holds out the same."""
     rows, cols = grid
     by_class: dict[int, list[tuple[int, int]]] = {}
-    for a in range(rows * cols):
-        for b in range(rows * cols):
-            label = pair_label(a, b, cols, num_classes) if a != b else None
-            if label is not None:
-                by_class.setdefault(label, []).append((a, b))
+    for placement, label in labelled_placements(grid, num_classes):
+        by_class.setdefault(label, []).append(placement)
     if len(by_class) < num_classes or min(map(len, by_class.values())) < 2:
         raise ValueError(
             f"a {rows}x{cols} grid has fewer than 2 placements in some of its {num_classes} direction sectors, "
@@ -132,7 +140,7 @@ def placements_not_seen(
     the ``seen`` placements of ``train_grid``: a cell is the same position in both when its row
     and column are (patch positions count from the top-left corner in every resolution). On the
     training grid itself this is the held-out set."""
-    rows, cols = grid
+    cols = grid[1]
     train_rows, train_cols = train_grid
 
     def on_train_grid(cell: int) -> int | None:
@@ -140,13 +148,10 @@ def placements_not_seen(
         return y * train_cols + x if y < train_rows and x < train_cols else None
 
     allowed = set()
-    for a in range(rows * cols):
-        for b in range(rows * cols):
-            if a == b or pair_label(a, b, cols, num_classes) is None:
-                continue
-            ta, tb = on_train_grid(a), on_train_grid(b)
-            if ta is None or tb is None or (ta, tb) not in seen:
-                allowed.add((a, b))
+    for (a, b), _ in labelled_placements(grid, num_classes):
+        ta, tb = on_train_grid(a), on_train_grid(b)
+        if ta is None or tb is None or (ta, tb) not in seen:
+            allowed.add((a, b))
     return frozenset(allowed)
 
 
