@@ -33,6 +33,7 @@ TABLES = [
     [
         ("unseen-placements", "imagenet", "held_out_pairs", "rope", "abspos"),
         ("unseen-paths", "dvsgesture", "held_out_paths", "rope", "sincos"),
+        ("unseen-paths-ucf101", "ucf101", "held_out_paths", "rope", "sincos"),
         ("unseen-marker-cells", "coco", "held_out_marker_cells", "rope", "abspos"),
     ],
 )
