@@ -17,7 +17,13 @@ When it fails after a change you meant, retrain the encoding's column (every tas
 and replace its records: the README says how (`results/reference`); then write the other
 CPUs' rows again on such a CPU: ``python tests/harness/test_records_are_todays_code.py``.
 Until then a CPU's entry names the sentinels it has no rows of (``not_written``, with why), and
-those are skipped there, visibly, rather than compared with rows of the old record."""
+those are skipped there, visibly, rather than compared with rows of the old record.
+
+Machines of one CPU model can round a sentinel differently too (a virtual machine's cache sizes
+steer MKL's blocking): a sentinel's ``also`` lists the other rows that model was measured to give,
+each at code that gave the model's written rows elsewhere, with where it was seen; the first epoch
+must equal the written rows or one of those, bit for bit. ``__main__`` rewrites an entry without
+them: the rows of new code are measured anew on each machine."""
 
 from __future__ import annotations
 
@@ -81,6 +87,9 @@ RECORDS_TORCH = "2.14.1"
 #: Family 25 model 17 (stop 64, 2026-12-02; an AMD EPYC with AVX512, the machine CI then ran on):
 #: 15 sentinels identical to the records, string-cayley on wsj differs, at HEAD and at b5c406e
 #: alike (train loss 2.9102063179 in the record against 2.9100871086, val WER 1.0019 against 1.0038).
+#: Its rows were written again at 073dbc0 (stop 65) on a machine where that sentinel gave 2.9101097584;
+#: at stop 68 a clean clone of 073dbc0 gave 2.9100871086 again on another machine of this model, as
+#: did HEAD: one code, two roundings, so that sentinel lists the second under ``also``.
 #: Family 6 model 106 (stop 67, 2026-12-03; an "Intel Xeon Processor @ 2.80GHz" with AVX512, the
 #: machine CI then ran on): a clean clone of 2c3b7a9 (stop 66's HEAD, whose sentinels had passed on
 #: family 25 model 17) failed 11 sentinels here and passed every other test (1698); its rows equal
@@ -152,10 +161,13 @@ def test_the_other_cpus_rows_are_of_todays_sentinels() -> None:
         for method, sentinel in entry["sentinels"].items():
             cell = cells[SENTINEL_TASK[method], method]
             assert sentinel["cell"] == str(cell.relative_to(ROOT)), f"{cpu} · {method}: rows of another cell"
-            assert len(sentinel["rows"]) == 1 and sentinel["rows"][0]["epoch"] in ("0", "1"), sentinel["rows"]
             stored = reproduce.read_metrics(cell / METRICS_FILE)[0]
             compared = set(stored) - set(reproduce.NOT_COMPARED)
-            assert set(sentinel["rows"][0]) == compared, f"{cpu} · {method}: other columns than the record's"
+            for rows in [sentinel["rows"]] + [other["rows"] for other in sentinel.get("also", [])]:
+                assert len(rows) == 1 and rows[0]["epoch"] in ("0", "1"), rows
+                assert set(rows[0]) == compared, f"{cpu} · {method}: other columns than the record's"
+            for other in sentinel.get("also", []):
+                assert other["rows"] != sentinel["rows"] and other["seen"].strip(), f"{cpu} · {method}: {other}"
 
 
 @pytest.mark.slow
@@ -172,12 +184,17 @@ def test_a_shipped_record_is_what_todays_code_trains(method: str) -> None:
     expected = other_cpu["sentinels"][method]["rows"] if other_cpu else None
     result = reproduce.reproduce_cell(cell, epochs=1, expected_rows=expected)
     assert not result.skipped, result.skipped
+    also = other_cpu["sentinels"][method].get("also", []) if other_cpu else []
+    if not result.identical and any(not reproduce.compare_rows(o["rows"], result.rows, 1)[1] for o in also):
+        return  # this machine gives another rounding its CPU model is known to give (see the docstring)
     against = (
         f"the rows this CPU made of it at {other_cpu['code']} ({OTHER_CPU_ROWS.name}: the record's training as "
         "this CPU rounds it)"
         if other_cpu
         else "the record"
     )
+    if also:
+        against += f" and its {len(also)} other known rounding(s)"
     assert result.identical, (
         f"{result.label}: today's code no longer trains the shipped record {cell.relative_to(ROOT)}, compared with "
         f"{against} ({'; '.join(result.differences)}). If the change is meant, retrain the {method} column (every "
