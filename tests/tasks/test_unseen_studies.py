@@ -23,6 +23,8 @@ TABLES = [
      "| Position encoding | validation, seen placements | test, unseen placements | seen − unseen |"),
     ("unseen-paths-stop67", "dvsgesture", "test_paths_seen_in_training",
      "| Position encoding | validation, seen paths | test, unseen paths | seen − unseen |"),
+    ("unseen-paths-ucf101-stop68", "ucf101", "test_paths_seen_in_training",
+     "| Position encoding | validation, seen paths (5×5) | test, unseen paths (5×5) | seen − unseen |"),
     ("unseen-marker-cells-stop67", "coco", "test_objects_seen_in_training",
      "| Position encoding | validation, seen marker cells | test, unseen marker cells | seen − unseen |"),
 ]  # fmt: skip
