@@ -19,11 +19,13 @@ CPUs' rows again on such a CPU: ``python tests/harness/test_records_are_todays_c
 Until then a CPU's entry names the sentinels it has no rows of (``not_written``, with why), and
 those are skipped there, visibly, rather than compared with rows of the old record.
 
-Machines of one CPU model can round a sentinel differently too (a virtual machine's cache sizes
-steer MKL's blocking): a sentinel's ``also`` lists the other rows that model was measured to give,
-each at code that gave the model's written rows elsewhere, with where it was seen; the first epoch
-must equal the written rows or one of those, bit for bit. ``__main__`` rewrites an entry without
-them: the rows of new code are measured anew on each machine."""
+Machines of one CPU model can round a sentinel differently too (stop 68: one code, two machines
+of family 25 model 17, two first-epoch losses of string-cayley on wsj; the cause, perhaps what a
+virtual machine reports to MKL, was not found): a sentinel's ``also`` lists the other rows that
+model was measured to give, each at code that gave the model's written rows elsewhere, with where
+it was seen; the first epoch must equal the written rows or one of those, bit for bit.
+``__main__`` rewrites an entry without them: the rows of new code are measured anew on each
+machine."""
 
 from __future__ import annotations
 

@@ -184,8 +184,13 @@ def test_nuscenes_no_test_scene_repeats_a_training_assignment(nuscenes: dict) ->
     """No test scene's colour-to-object assignment (its set of (class, voxel)) is a training
     scene's, nor even its set of object voxels without the colours."""
     grid = nuscenes["grid"]
-    assignment = lambda scene: frozenset(object_voxels(scene, grid))  # noqa: E731
-    places = lambda scene: frozenset(voxel for _, voxel in object_voxels(scene, grid))  # noqa: E731
+
+    def assignment(scene: dict) -> frozenset:
+        return frozenset(object_voxels(scene, grid))
+
+    def places(scene: dict) -> frozenset:
+        return frozenset(voxel for _, voxel in object_voxels(scene, grid))
+
     train, test = nuscenes["splits"]["train"], nuscenes["splits"]["test"]
     assert share_seen(map(assignment, train), [assignment(s) for s in test]) == 0.0
     assert share_seen(map(places, train), [places(s) for s in test]) == 0.0
