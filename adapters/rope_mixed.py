@@ -49,6 +49,9 @@ from .rope import rotate_qk, rotation_angles
 
 class RoPEMixedOptions(EncodingOptions):
     base: float = Field(10.0, gt=0.0)  # rope-vit's theta for RoPE-Mixed (axial RoPE uses 100)
+    # False freezes the initial frequency vectors (each head axial RoPE in its own random
+    # frame): an ablation that tells what learning the mixed directions adds or costs.
+    learn_frequencies: bool = True
 
 
 def random_rotation(pos_dim: int) -> Tensor:
@@ -92,9 +95,10 @@ def rotate_mixed(q: Tensor, k: Tensor, inputs: AttentionInputs, frequencies: Ten
 
 
 class MixedRotaryLayer(LayerEncoding):
-    def __init__(self, frequencies: Tensor) -> None:
+    def __init__(self, frequencies: Tensor, learn_frequencies: bool = True) -> None:
         super().__init__()
-        self.frequencies = nn.Parameter(frequencies)  # (H, P, F), learnable per layer
+        # (H, P, F) per layer; a frozen one stays a parameter, so checkpoints keep one layout
+        self.frequencies = nn.Parameter(frequencies, requires_grad=learn_frequencies)
 
     def transform_qk(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
         return rotate_mixed(q, k, inputs, self.frequencies)
@@ -118,4 +122,4 @@ class RoPEMixed(PositionEncoding):
 
     def make_layer(self, layer_index: int) -> LayerEncoding:
         freqs = mixed_frequencies(self.num_heads, self.geometry.pos_dim, self.levels, self.options.base)
-        return MixedRotaryLayer(freqs)
+        return MixedRotaryLayer(freqs, self.options.learn_frequencies)

@@ -273,6 +273,15 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--out", type=Path, default=Path("results"))
     analyze.add_argument("--data-root", type=Path, default=None)
 
+    confusion = sub.add_parser(
+        "confusion", help="test-split confusion matrices of finished classification cells (which wrong class)"
+    )
+    confusion.add_argument("--task", required=True)
+    confusion.add_argument("--method", required=True, help="one method label, e.g. abspos or 'pape[m=8]'")
+    confusion.add_argument("--seeds", type=_seeds, default=[0], help="comma-separated seeds, summed (default 0)")
+    confusion.add_argument("--out", type=Path, default=Path("results"), help="results folder holding the cells")
+    confusion.add_argument("--data-root", type=Path, default=None)
+
     principles = sub.add_parser("principles", help="declared versus measured principles of every encoding")
     principles.add_argument("--methods", default=None)
 
@@ -890,6 +899,21 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_confusion(args: argparse.Namespace) -> int:
+    from pe_bench.harness.grid.runner import quiet_lightning
+    from pe_bench.harness.grid.store import cell_dir, method_dirname
+    from pe_bench.harness.reports.confusion import cell_confusion, write_confusion
+
+    quiet_lightning()
+    (method,) = _split_methods(args.method)
+    cells = [cell_confusion(cell_dir(args.out, args.task, method, seed), args.data_root) for seed in args.seeds]
+    target = args.out / "confusion" / args.task / method_dirname(method)
+    print(f"{args.task} · {method}, seeds {','.join(map(str, args.seeds))}, test split, summed over seeds")
+    print(write_confusion(cells, target))
+    print(f"(per seed in {target}/)")
+    return 0
+
+
 def cmd_principles(args: argparse.Namespace) -> int:
     from pe_bench.harness.grid.methods import parse_methods
 
@@ -977,6 +1001,7 @@ COMMANDS = {
     "extrapolate": cmd_extrapolate,
     "analyze": cmd_analyze,
     "principles": cmd_principles,
+    "confusion": cmd_confusion,
     "check": cmd_check,
     "check-data": cmd_check_data,
     "reproduce": cmd_reproduce,

@@ -81,6 +81,11 @@ class Task(ABC):
     @abstractmethod
     def lightning_module(self, model: nn.Module) -> L.LightningModule: ...
 
+    def class_names(self) -> list[str] | None:
+        """The names of the classes a classifier's outputs stand for, in output order (shown
+        by ``pe-bench confusion``); None (the default) where the task has none to give."""
+        return None
+
     def data_fingerprint(self) -> dict[str, str | None]:
         """What decides this cell's data or metric beyond its configuration, after training:
         versions of the packages or programs that generated its corpus, tokenizer or score

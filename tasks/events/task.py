@@ -24,7 +24,7 @@ from pe_bench.tasks._shared.spiking_patches import EventTokens, SpikingPatches
 from pe_bench.tasks._shared.spiking_patches_data import SpikingPatchesDataModule
 
 from .._shared.data_checks import DataReport, refuse_moving_augmentations, scan_files, share_seen
-from .._shared.motion import MotionPath, check_held_out_paths, split_paths
+from .._shared.motion import MOTIONS, MotionPath, check_held_out_paths, split_paths
 from ..base import PatchTask
 from .aedat import check_dvsgesture_classes, check_recording, cut, dvsgesture_root, dvsgesture_samples, read_aedat31
 from .emulator import EMULATED_STEPS, Stream, motion_event_streams
@@ -228,6 +228,10 @@ class DvsGesture(PatchTask):
         check_held_out_paths(d.held_out_paths, d.source == "emulated", d.num_classes, grid, EMULATED_STEPS, where)
         if d.held_out_paths:  # NDA rolls, rotates and shears streams (EventDrop only removes events)
             refuse_moving_augmentations("data.held_out_paths", {"data.nda": d.nda}, where)
+
+    def class_names(self) -> list[str] | None:
+        """The generated motions' names (the real dataset's are not read here)."""
+        return list(MOTIONS[: self.data.num_classes]) if self.data.source == "emulated" else None
 
     def geometry(self) -> Geometry:
         return EVENT_GEOMETRY

@@ -23,7 +23,7 @@ from pe_bench.harness.config import RunConfig, Strict
 from pe_bench.harness.data import PatchDataModule
 
 from .._shared.data_checks import DataReport, refuse_ignored_augmentations, scan_files, share_seen
-from .._shared.motion import check_held_out_paths, split_paths
+from .._shared.motion import MOTIONS, check_held_out_paths, split_paths
 from ..base import PatchTask
 from .synthetic import motion_clips_with_paths
 from .ucf101 import check_video, read_tubelet_frames, ucf101_root, ucf101_splits
@@ -178,6 +178,10 @@ class UCF101(PatchTask):
         check_held_out_paths(d.held_out_paths, d.source == "synthetic", d.num_classes, grid, d.max_samples, where)
         if d.source == "synthetic":
             refuse_ignored_augmentations({"data.hflip": d.hflip, "data.randaugment": d.randaugment}, d.source, where)
+
+    def class_names(self) -> list[str] | None:
+        """The generated motions' names (the real dataset's are not read here)."""
+        return list(MOTIONS[: self.data.num_classes]) if self.data.source == "synthetic" else None
 
     def geometry(self) -> Geometry:
         d = self.data

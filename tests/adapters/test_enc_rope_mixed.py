@@ -111,3 +111,17 @@ def test_principles_and_head_dim_check():
     }
     with pytest.raises(ValueError, match="head_dim"):
         build("rope-mixed", Geometry(pos_dim=3), 16, 4, 1)
+
+
+def test_frozen_frequencies_keep_the_initial_rotation():
+    """``learn_frequencies=False``: the same initial frequencies (same seed), no gradient
+    reaches them, and the logits are those of the learnable layer before any step."""
+    learnable = make_attention("rope-mixed", 2, seed=5)
+    frozen = make_attention("rope-mixed", 2, {"learn_frequencies": False}, seed=5)
+    assert learnable.encoding.frequencies.requires_grad and not frozen.encoding.frequencies.requires_grad
+    torch.testing.assert_close(frozen.encoding.frequencies, learnable.encoding.frequencies, rtol=0, atol=0)
+    layout, x = random_layout(2, 16, 2, prefix=1, seed=6)
+    torch.testing.assert_close(frozen.logits(x, layout), learnable.logits(x, layout), rtol=0, atol=0)
+    frozen(x, layout).square().sum().backward()
+    assert frozen.encoding.frequencies.grad is None
+    assert frozen.qkv.weight.grad is not None and frozen.qkv.weight.grad.abs().sum() > 0
