@@ -9,6 +9,8 @@ suggests for ScanNet, absolute height carries the class.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 SHAPES = ("sphere", "cube", "cylinder", "cone", "torus", "pyramid", "octahedron", "dumbbell")
@@ -117,8 +119,19 @@ def sample_surface(verts: np.ndarray, faces: np.ndarray, n: int, rng: np.random.
     return points.astype(np.float32), normals.astype(np.float32)
 
 
-def shape_dataset(count: int, num_points: int, num_classes: int, seed: int):
-    """``count`` shapes (balanced classes): list of (points (n, 3), normals (n, 3)) and labels.
+@dataclass(frozen=True)
+class ShapeDraw:
+    """One generated shape and the draws that made it (what a split audit compares)."""
+
+    label: int
+    rotation: np.ndarray  # (3, 3) heading about z times the tilt, applied after the stretch
+    viewpoint: np.ndarray  # (3,) the scanner's position, 4 units from the origin
+    points: np.ndarray  # (num_points, 3) the partial scan: the points nearest the viewpoint
+    normals: np.ndarray  # (num_points, 3) float32 unit normals
+
+
+def shape_draws(count: int, num_points: int, num_classes: int, seed: int) -> list[ShapeDraw]:
+    """``count`` shapes (balanced classes, shuffled), deterministic in ``seed``.
 
     Each shape gets a random anisotropic stretch, a small tilt and any rotation about the
     vertical axis before sampling, so instances of a class differ and headings are arbitrary;
@@ -130,23 +143,30 @@ def shape_dataset(count: int, num_points: int, num_classes: int, seed: int):
     meshes = [shape_mesh(name) for name in SHAPES[:num_classes]]
     labels = np.arange(count) % num_classes
     rng.shuffle(labels)
-    clouds = []
+    draws = []
     for label in labels:
         verts, faces = meshes[label]
         stretch = rng.uniform(0.75, 1.3, 3)
         tilt = _rotation(rng.uniform(-0.2, 0.2), axis=0) @ _rotation(rng.uniform(-0.2, 0.2), axis=1)
-        tilt = _rotation(rng.uniform(-np.pi, np.pi), axis=2) @ tilt  # any heading, test shapes too
-        points, normals = sample_surface((verts * stretch) @ tilt.T, faces, 2 * num_points, rng)
+        rotation = _rotation(rng.uniform(-np.pi, np.pi), axis=2) @ tilt  # any heading, test shapes too
+        points, normals = sample_surface((verts * stretch) @ rotation.T, faces, 2 * num_points, rng)
         normals = normals / stretch  # normals transform with the inverse stretch
-        normals = normals @ tilt.T
+        normals = normals @ rotation.T
         normals /= np.linalg.norm(normals, axis=1, keepdims=True)
         # A partial view, as from one scanner position: keep the num_points nearest a random
         # far-away viewpoint, so a random side of the shape is missing (harder than complete shapes).
         view = rng.normal(size=3)
         view *= 4.0 / np.linalg.norm(view)
         keep = np.argsort(((points - view) ** 2).sum(1))[:num_points]
-        clouds.append((points[keep], normals[keep].astype(np.float32)))
-    return clouds, labels
+        draws.append(ShapeDraw(int(label), rotation, view, points[keep], normals[keep].astype(np.float32)))
+    return draws
+
+
+def shape_dataset(count: int, num_points: int, num_classes: int, seed: int):
+    """:func:`shape_draws` as the task reads them: a list of (points (n, 3), normals (n, 3))
+    and the (count,) labels."""
+    draws = shape_draws(count, num_points, num_classes, seed)
+    return [(d.points, d.normals) for d in draws], np.array([d.label for d in draws], dtype=np.int64)
 
 
 def _rotation(angle: float, axis: int) -> np.ndarray:

@@ -10,7 +10,7 @@ shapes and 3000 + i for the rooms, and no validation taken out of training), so 
 draws are the ones the benchmark trains and tests on. Training is the train split alone.
 
 modelnet40: the configuration is the shape class (8 classes, all in training). The pose is
-the rotation ``shape_dataset`` applies before sampling, R = Rz(heading) Rx(a) Ry(b) (heading in
+the rotation ``shape_draws`` applies before sampling, R = Rz(heading) Rx(a) Ry(b) (heading in
 [-pi, pi], tilts a, b in [-0.2, 0.2] rad), and the angle between two poses is the geodesic
 angle of SO(3), arccos((tr(R1^T R2) - 1) / 2), to the nearest training shape of the same class.
 The viewpoint, the other pose draw (the partial scan keeps the points nearest it), is compared
@@ -35,7 +35,7 @@ import pytest
 from pe_bench.harness.config import load_run_config
 from pe_bench.tasks._shared.data_checks import share_seen
 from pe_bench.tasks.base import get_task
-from pe_bench.tasks.points.synthetic import SHAPES, _rotation, room, sample_surface, shape_mesh
+from pe_bench.tasks.points.synthetic import room, shape_draws
 
 SHAPE_SEEDS = {"train": 2000, "test": 2002}  # ModelNet40._splits: 2000 + the split's position
 ROOM_SEEDS = {"train": 3000, "test": 3002}  # ScanNet._splits: 3000 + the split's position
@@ -63,24 +63,14 @@ def _no_copies(train: list[np.ndarray], test: list[np.ndarray]) -> bool:
 
 
 def _replay_shapes(count: int, num_points: int, num_classes: int, seed: int) -> dict[str, np.ndarray]:
-    """shape_dataset's draws in its order, keeping its labels, rotations, viewpoints and clouds."""
-    rng = np.random.default_rng(seed)
-    meshes = [shape_mesh(name) for name in SHAPES[:num_classes]]
-    labels = np.arange(count) % num_classes
-    rng.shuffle(labels)
-    rotations, views, clouds = [], [], []
-    for label in labels:
-        verts, faces = meshes[label]
-        stretch = rng.uniform(0.75, 1.3, 3)
-        tilt = _rotation(rng.uniform(-0.2, 0.2), axis=0) @ _rotation(rng.uniform(-0.2, 0.2), axis=1)
-        rotation = _rotation(rng.uniform(-np.pi, np.pi), axis=2) @ tilt
-        points, _ = sample_surface((verts * stretch) @ rotation.T, faces, 2 * num_points, rng)
-        view = rng.normal(size=3)
-        view *= 4.0 / np.linalg.norm(view)
-        rotations.append(rotation)
-        views.append(view / 4.0)
-        clouds.append(points[np.argsort(((points - view) ** 2).sum(1))[:num_points]])
-    return {"label": labels, "rotation": np.array(rotations), "view": np.array(views), "cloud": clouds}
+    """shape_draws' labels, rotations, viewpoint directions and clouds, in its order."""
+    draws = shape_draws(count, num_points, num_classes, seed)
+    return {
+        "label": np.array([d.label for d in draws]),
+        "rotation": np.array([d.rotation for d in draws]),
+        "view": np.array([d.viewpoint / 4.0 for d in draws]),  # the scanner sits 4 units out
+        "cloud": [d.points for d in draws],
+    }
 
 
 @cache
