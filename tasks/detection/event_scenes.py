@@ -17,12 +17,15 @@ so it still localises the flashes, but cannot choose among them).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from pe_bench.tasks._shared.event_emulator import emulate_events
 
 CLASSES = ("car", "pedestrian")
 Stream = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+Box = tuple[int, int, int, int]  # (x1, y1, x2, y2) in pixels
 
 
 def _box_size(rng: np.random.Generator, label: int, sides: tuple[int, int]) -> tuple[int, int]:
@@ -50,11 +53,21 @@ def _path(
     return [(x0 + ox, y0 + oy) for ox, oy in offsets]
 
 
-def _overlaps(a: tuple[int, int, int, int], b: tuple[int, int, int, int], gap: int = 2) -> bool:
+def _overlaps(a: Box, b: Box, gap: int = 2) -> bool:
     return a[0] < b[2] + gap and b[0] < a[2] + gap and a[1] < b[3] + gap and b[1] < a[3] + gap
 
 
-def flashing_box_stream(
+@dataclass(frozen=True)
+class FlashingBoxScene:
+    """One generated stream with its labels and the draws a split audit compares."""
+
+    events: Stream  # (x, y, t, p)
+    boxes: np.ndarray  # (n, 4) float32: each object's box at its last flash, the label
+    labels: np.ndarray  # (n,) int64 classes
+    trails: list[tuple[Box, ...]]  # each object's flash boxes in time order (boxes: the last ones)
+
+
+def flashing_box_scene(
     rng: np.random.Generator,
     size: int = 64,
     objects: tuple[int, int] = (1, 2),
@@ -63,13 +76,14 @@ def flashing_box_stream(
     frames: int = 48,
     duration_us: int = 1_000_000,
     threshold: float = 0.25,
-) -> tuple[Stream, np.ndarray, np.ndarray]:
-    """One stream (x, y, t, p) on a size x size sensor, the (n, 4) boxes (x1, y1, x2, y2) of its
-    objects at the end of the stream, and their (n,) classes."""
+) -> FlashingBoxScene:
+    """One stream on a size x size sensor: its events, its objects' boxes at the end of the
+    stream and classes, and every object's trail of flash boxes."""
     video = np.full((frames, size, size), 0.1)
     times = np.linspace(0.0, duration_us, frames)
-    placed: list[tuple[int, int, int, int]] = []
-    boxes, labels = [], []
+    placed: list[Box] = []
+    trails: list[tuple[Box, ...]] = []
+    labels = []
     wanted = int(rng.integers(objects[0], objects[1] + 1))
     for _ in range(100 * wanted):
         if len(labels) == wanted:
@@ -94,13 +108,25 @@ def flashing_box_stream(
             off = min(int(0.9 * frames), on + max(2, int(slot * rng.uniform(0.35, 0.6))))
             region = video[on:off, y : y + h, x : x + w]
             np.maximum(region, texture, out=region)
-        boxes.append(trail[-1])
+        trails.append(tuple(trail))
         labels.append(label)
     events = emulate_events(np.clip(video, 0.0, 1.0), times, threshold)
-    return events, np.array(boxes, dtype=np.float32).reshape(-1, 4), np.array(labels, dtype=np.int64)
+    boxes = np.array([trail[-1] for trail in trails], dtype=np.float32).reshape(-1, 4)
+    return FlashingBoxScene(events, boxes, np.array(labels, dtype=np.int64), trails)
+
+
+def flashing_box_stream(rng: np.random.Generator, **options: object) -> tuple[Stream, np.ndarray, np.ndarray]:
+    """:func:`flashing_box_scene`'s stream, (n, 4) boxes (x1, y1, x2, y2) and (n,) classes."""
+    scene = flashing_box_scene(rng, **options)  # type: ignore[arg-type]
+    return scene.events, scene.boxes, scene.labels
+
+
+def flashing_box_scenes(count: int, seed: int, **options: object) -> list[FlashingBoxScene]:
+    """``count`` scenes of :func:`flashing_box_scene`, deterministic in ``seed``."""
+    rng = np.random.default_rng(seed)
+    return [flashing_box_scene(rng, **options) for _ in range(count)]  # type: ignore[arg-type]
 
 
 def flashing_box_streams(count: int, seed: int, **options: object) -> list[tuple[Stream, np.ndarray, np.ndarray]]:
-    """``count`` streams of :func:`flashing_box_stream`, deterministic in ``seed``."""
-    rng = np.random.default_rng(seed)
-    return [flashing_box_stream(rng, **options) for _ in range(count)]  # type: ignore[arg-type]
+    """:func:`flashing_box_scenes` as the task reads them: (stream, boxes, classes) each."""
+    return [(s.events, s.boxes, s.labels) for s in flashing_box_scenes(count, seed, **options)]

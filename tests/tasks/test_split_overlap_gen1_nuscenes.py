@@ -38,8 +38,6 @@ from pe_bench.tasks.detection import event_scenes
 from pe_bench.tasks.detection import task as detection_task
 from pe_bench.tasks.nuscenes import task as nuscenes_task
 
-Box = tuple[int, int, int, int]
-
 
 def digest(*arrays: np.ndarray | torch.Tensor) -> str:
     """One hash of the arrays' bytes, dtypes and shapes: equal inputs, equal digests."""
@@ -51,67 +49,44 @@ def digest(*arrays: np.ndarray | torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def accepted_trails(calls: list[tuple[int, int, list | None]]) -> list[tuple[Box, ...]]:
-    """The objects a stream kept, from its recorded path draws (w, h, corners) in order, by the
-    generator's own rule: a path is dropped when none fits or it comes near a kept trail."""
-    placed: list[Box] = []
-    kept = []
-    for w, h, corners in calls:
-        if corners is None:
-            continue
-        trail = [(x, y, x + w, y + h) for x, y in corners]
-        if any(event_scenes._overlaps(a, b) for a in trail for b in placed):
-            continue
-        placed += trail
-        kept.append(tuple(trail))
-    return kept
-
-
 @pytest.fixture(scope="module")
 def gen1() -> Iterator[dict]:
     """The tiny gen1 splits as ``Gen1DataModule.setup`` makes them, with every object's trail.
 
-    The generator returns only each object's last box, so the replay records its path draws
-    (``event_scenes._path``) and keeps the ones the generator kept; the kept trails' last boxes
-    must be the returned boxes. ``_emulated`` runs unwrapped (its cache stays as it was)."""
+    The task reads ``flashing_box_streams``, the (stream, boxes, classes) of
+    ``flashing_box_scenes``; the replay has the task call ``flashing_box_scenes`` with the
+    arguments it passes and keeps the scenes, whose trails end at the returned boxes.
+    ``_emulated`` runs unwrapped (its cache stays as it was)."""
     config = load_run_config("gen1", "tiny")
     task = get_task("gen1")(config)
-    path, stream, emulated = event_scenes._path, event_scenes.flashing_box_stream, detection_task._emulated
-    draws: list[list] = []
-    made: list[tuple] = []
+    made: list[tuple[int, int, list[event_scenes.FlashingBoxScene]]] = []
 
-    def recorded_path(rng, w, h, *args, **kwargs):
-        corners = path(rng, w, h, *args, **kwargs)
-        draws[-1].append((w, h, corners))
-        return corners
-
-    def recorded_stream(*args, **kwargs):
-        draws.append([])
-        return stream(*args, **kwargs)
-
-    def uncached(count, seed, *args):
-        draws.clear()
-        streams = emulated.__wrapped__(count, seed, *args)
-        made.append((count, seed, streams, list(draws)))
-        return streams
+    def recorded_streams(count, seed, **options):
+        scenes = event_scenes.flashing_box_scenes(count, seed, **options)
+        made.append((count, seed, scenes))
+        return [(s.events, s.boxes, s.labels) for s in scenes]
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(event_scenes, "_path", recorded_path)
-        patch.setattr(event_scenes, "flashing_box_stream", recorded_stream)
-        patch.setattr(detection_task, "_emulated", uncached)
+        patch.setattr(detection_task, "flashing_box_streams", recorded_streams)
+        patch.setattr(detection_task, "_emulated", detection_task._emulated.__wrapped__)
         module = task.datamodule(0)
         module.setup()
     splits = {}
-    for name, (count, seed, streams, stream_draws) in zip(("train", "val", "test"), made, strict=True):
-        assert len(module.splits[name]) == count == len(stream_draws)
-        samples = [module.splits[name].load(i) for i in range(count)]
-        assert all(s is t for s, t in zip(samples, streams, strict=True)), f"{name}: the data module's streams"
+    for name, (count, seed, scenes) in zip(("train", "val", "test"), made, strict=True):
+        assert len(module.splits[name]) == count == len(scenes)
         objects = []
-        for (_, boxes, labels), calls in zip(samples, stream_draws, strict=True):
-            trails = accepted_trails(calls)
-            assert [t[-1] for t in trails] == [tuple(b) for b in boxes.astype(int).tolist()], "replayed trails"
-            objects += [(int(label), trail) for label, trail in zip(labels, trails, strict=True)]
-        splits[name] = {"seed": seed, "samples": samples, "objects": objects}
+        for i, scene in enumerate(scenes):
+            events, boxes, labels = module.splits[name].load(i)
+            assert events is scene.events and boxes is scene.boxes and labels is scene.labels, f"{name} {i}"
+            assert [t[-1] for t in scene.trails] == [tuple(b) for b in boxes.astype(int).tolist()], (
+                "trails end at the boxes"
+            )
+            objects += [(int(label), trail) for label, trail in zip(labels, scene.trails, strict=True)]
+        splits[name] = {
+            "seed": seed,
+            "samples": [module.splits[name].load(i) for i in range(count)],
+            "objects": objects,
+        }
     yield {"splits": splits, "patch": config.model.patch_size}
 
 
@@ -158,7 +133,7 @@ def test_gen1_test_objects_repeat_training_by_patch_cells(gen1: dict) -> None:
     object's. (Without the class, 34 of 592: 5.7 %.)"""
     p = gen1["patch"]
 
-    def cells(label: int, trail: tuple[Box, ...]) -> tuple:
+    def cells(label: int, trail: tuple[event_scenes.Box, ...]) -> tuple:
         return label, tuple((x1 // p, y1 // p, (x2 - 1) // p, (y2 - 1) // p) for x1, y1, x2, y2 in trail)
 
     train = [cells(*o) for o in gen1["splits"]["train"]["objects"]]
