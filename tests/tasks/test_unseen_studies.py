@@ -25,6 +25,11 @@ TABLES = [
      "| Position encoding | validation, seen paths | test, unseen paths | seen − unseen |"),
     ("unseen-paths-ucf101-stop68", "ucf101", "test_paths_seen_in_training",
      "| Position encoding | validation, seen paths (5×5) | test, unseen paths (5×5) | seen − unseen |"),
+    ("unseen-paths-ucf101-80epochs-stop69", "ucf101", "test_paths_seen_in_training",
+     "| Position encoding | validation, seen paths (5×5, 80 epochs) | test, unseen paths (5×5, 80 epochs) "
+     "| seen − unseen |"),
+    ("unseen-paths-ucf101-diagnostics-stop69", "ucf101", "test_paths_seen_in_training",
+     "| Position encoding (stop 69) | validation, seen paths (5×5) | test, unseen paths (5×5) | seen − unseen |"),
     ("unseen-marker-cells-stop67", "coco", "test_objects_seen_in_training",
      "| Position encoding | validation, seen marker cells | test, unseen marker cells | seen − unseen |"),
 ]  # fmt: skip
@@ -65,3 +70,48 @@ def test_readme_unseen_table_is_the_shipped_records(folder: str, task: str, reco
         seeds = " / ".join(f"{score:.1f}" for score in tests)
         assert (val, test) == (_mean_std(vals), f"{_mean_std(tests)} ({seeds})"), method
         assert gap == f"{round(statistics.mean(vals) - statistics.mean(tests), 2) + 0.0:.2f}", method  # no -0.00
+
+
+def _records(folder: str, method: str) -> list[dict]:
+    runs = STUDIES / folder / "runs" / "ucf101" / method
+    return [json.loads((runs / f"seed{seed}" / "result.json").read_text()) for seed in range(3)]
+
+
+def test_ucf101_80_epoch_cells_trained_80_epochs() -> None:
+    """The table says 80 epochs: every cell of that folder planned and ran them."""
+    for method in ("pape", "cape"):
+        assert all(
+            r["epochs_planned"] == 80 == r["epochs_run"]
+            for r in _records("unseen-paths-ucf101-80epochs-stop69", method)
+        )
+
+
+@pytest.mark.parametrize("method", ["abspos", "rope-mixed"])
+def test_ucf101_rerun_reproduces_stop_68(method: str) -> None:
+    """The README: stop 69's re-run of stop 68's cells gave the same test scores to the last digit."""
+    keys = ("score", "best_val", "best_epoch")
+    stop68, stop69 = (
+        _records("unseen-paths-ucf101-stop68", method),
+        _records("unseen-paths-ucf101-diagnostics-stop69", method),
+    )
+    assert [[r[k] for k in keys] for r in stop68] == [[r[k] for k in keys] for r in stop69]
+
+
+def test_abspos_confusion_counts_are_the_shipped_matrices() -> None:
+    """The README's counts of abspos's wrong answers on unseen paths are the shipped confusion
+    matrices summed over seeds 0-2, and each matrix's accuracy is its cell's recorded score."""
+    import pandas as pd
+
+    folder = STUDIES / "unseen-paths-ucf101-diagnostics-stop69"
+    matrices = [pd.read_csv(folder / "confusion/ucf101/abspos" / f"seed{s}.csv", index_col=0) for s in range(3)]
+    for matrix, record in zip(matrices, _records(folder.name, "abspos"), strict=True):
+        assert 100.0 * matrix.to_numpy().trace() / matrix.to_numpy().sum() == pytest.approx(record["score"], abs=1e-3)
+    total = sum(matrices)
+    orbits = ["orbit-cw", "orbit-ccw"]
+    lines = [name for name in total.index if name not in orbits]
+    assert (total.loc[lines, orbits].to_numpy().sum(), total.loc[lines].to_numpy().sum()) == (837, 900)
+    own = total.loc[orbits, orbits].to_numpy().trace()
+    other = total.loc["orbit-cw", "orbit-ccw"] + total.loc["orbit-ccw", "orbit-cw"]
+    assert (own, other, total.loc[orbits, lines].to_numpy().sum()) == (40, 125, 135)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "837 of the 900" in readme and "40 get their own class, 125 the other sense, 135 a straight one" in readme
