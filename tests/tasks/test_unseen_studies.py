@@ -115,3 +115,19 @@ def test_abspos_confusion_counts_are_the_shipped_matrices() -> None:
     assert (own, other, total.loc[orbits, lines].to_numpy().sum()) == (40, 125, 135)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "837 of the 900" in readme and "40 get their own class, 125 the other sense, 135 a straight one" in readme
+
+
+def test_orbit_classes_cover_most_places_in_training() -> None:
+    """The README's coverage: the (tubelet, cell) places the seen paths of each class visit on
+    the study's 5x5 grid with 3 tubelets (the split every cell of the study uses)."""
+    from pe_bench.tasks._shared.motion import MOTIONS, class_paths, split_paths
+
+    seen, _ = split_paths(len(MOTIONS), 5, 3, 0.25)
+    covered = {
+        name: len({(t, cell) for path in class_paths(label, 5, 3) if path in seen for t, cell in enumerate(path)})
+        for label, name in enumerate(MOTIONS)
+    }
+    assert covered == {"right": 33, "left": 33, "down": 33, "up": 33, "down-right": 21, "up-left": 21,
+                       "orbit-cw": 70, "orbit-ccw": 69}  # fmt: skip
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "on 70 and 69 of the 75 (tubelet,\ncell) places (a straight class's on 33, a diagonal's on 21)" in readme
