@@ -13,7 +13,6 @@ not explain.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pandas as pd
 import torch
 from torchmetrics.classification import MulticlassConfusionMatrix
 
+from pe_bench.harness.grid.store import read_record
 from pe_bench.harness.module import ClassificationModule
 
 from .extrapolate import load_cell
@@ -46,20 +46,21 @@ class CellConfusion:
 
 def cell_confusion(directory: Path, data_root: Path | None = None) -> CellConfusion:
     """The test confusion matrix of the finished cell in ``directory`` (see module doc)."""
-    result_path = directory / "result.json"
-    if not (directory / "best.ckpt").is_file() or not result_path.is_file():
+    record = read_record(directory) if (directory / "best.ckpt").is_file() else None
+    if record is None:
         raise FileNotFoundError(
             f"no finished cell with a checkpoint at {directory} (needs result.json and best.ckpt); "
             "run `pe-bench run` for it first"
         )
-    result = json.loads(result_path.read_text())
+    if record.status != "ok" or record.score is None:
+        raise ValueError(f"{directory}: the cell did not finish ({record.status}); it has no test score to explain")
     task, model, _ = load_cell(directory, data_root)
     module = task.lightning_module(model)
     if not isinstance(module, ClassificationModule):
         raise ValueError(f"{directory}: task {task.name!r} is not a classification task; a confusion matrix needs one")
     num_classes = task.data.num_classes
     names = task.class_names() or [str(i) for i in range(num_classes)]
-    data = task.datamodule(seed=int(result["seed"]))
+    data = task.datamodule(seed=record.seed)
     data.setup("test")
     confusion = MulticlassConfusionMatrix(num_classes)
     with torch.inference_mode():
@@ -69,7 +70,7 @@ def cell_confusion(directory: Path, data_root: Path | None = None) -> CellConfus
             else:
                 logits = module.test_time_augmentation(model, inputs)
             confusion.update(logits.argmax(-1), labels)
-    cell = CellConfusion(int(result["seed"]), confusion.compute().long(), float(result["score"]), names)
+    cell = CellConfusion(record.seed, confusion.compute().long(), record.score, names)
     if abs(cell.accuracy - cell.recorded_score) > SCORE_TOLERANCE:
         raise ValueError(
             f"{directory}: the checkpoint's recomputed test accuracy {cell.accuracy:.4f} is not the recorded score "
@@ -79,6 +80,12 @@ def cell_confusion(directory: Path, data_root: Path | None = None) -> CellConfus
     return cell
 
 
+def _matrix_frame(matrix: torch.Tensor, names: list[str]) -> pd.DataFrame:
+    frame = pd.DataFrame(matrix.numpy(), index=names, columns=names)
+    frame.index.name = "true \\ predicted"
+    return frame
+
+
 def confusion_table(cells: list[CellConfusion]) -> pd.DataFrame:
     """The cells' matrices summed (rows: true class, columns: predicted), with each class's
     accuracy and its most frequent wrong answer."""
@@ -86,8 +93,7 @@ def confusion_table(cells: list[CellConfusion]) -> pd.DataFrame:
     if any(c.class_names != names for c in cells):
         raise ValueError("the cells have different class lists; compare cells of one task and configuration")
     total = torch.stack([c.matrix for c in cells]).sum(0)
-    frame = pd.DataFrame(total.numpy(), index=names, columns=names)
-    frame.index.name = "true \\ predicted"
+    frame = _matrix_frame(total, names)
     wrong = total.clone()
     wrong.fill_diagonal_(-1)
     frame["acc %"] = (100.0 * total.diagonal() / total.sum(1).clamp(min=1)).numpy().round(1)
@@ -101,8 +107,6 @@ def write_confusion(cells: list[CellConfusion], target: Path) -> str:
     """Each cell's matrix as ``seed<N>.csv`` under ``target``; returns the summed table as Markdown."""
     target.mkdir(parents=True, exist_ok=True)
     for cell in cells:
-        frame = pd.DataFrame(cell.matrix.numpy(), index=cell.class_names, columns=cell.class_names)
-        frame.index.name = "true \\ predicted"
-        frame.to_csv(target / f"seed{cell.seed}.csv")
+        _matrix_frame(cell.matrix, cell.class_names).to_csv(target / f"seed{cell.seed}.csv")
     per_seed = ", ".join(f"seed {c.seed} {c.accuracy:.2f} %" for c in cells)
     return f"test accuracy: {per_seed} (each the cell's recorded score)\n\n" + confusion_table(cells).to_markdown()

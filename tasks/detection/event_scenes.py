@@ -66,6 +66,11 @@ class FlashingBoxScene:
     labels: np.ndarray  # (n,) int64 classes
     trails: list[tuple[Box, ...]]  # each object's flash boxes in time order (boxes: the last ones)
 
+    @property
+    def sample(self) -> tuple[Stream, np.ndarray, np.ndarray]:
+        """(stream, boxes, classes): what the task reads of the scene."""
+        return self.events, self.boxes, self.labels
+
 
 def flashing_box_scene(
     rng: np.random.Generator,
@@ -117,8 +122,7 @@ def flashing_box_scene(
 
 def flashing_box_stream(rng: np.random.Generator, **options: object) -> tuple[Stream, np.ndarray, np.ndarray]:
     """:func:`flashing_box_scene`'s stream, (n, 4) boxes (x1, y1, x2, y2) and (n,) classes."""
-    scene = flashing_box_scene(rng, **options)  # type: ignore[arg-type]
-    return scene.events, scene.boxes, scene.labels
+    return flashing_box_scene(rng, **options).sample  # type: ignore[arg-type]
 
 
 def flashing_box_scenes(count: int, seed: int, **options: object) -> list[FlashingBoxScene]:
@@ -129,4 +133,4 @@ def flashing_box_scenes(count: int, seed: int, **options: object) -> list[Flashi
 
 def flashing_box_streams(count: int, seed: int, **options: object) -> list[tuple[Stream, np.ndarray, np.ndarray]]:
     """:func:`flashing_box_scenes` as the task reads them: (stream, boxes, classes) each."""
-    return [(s.events, s.boxes, s.labels) for s in flashing_box_scenes(count, seed, **options)]
+    return [scene.sample for scene in flashing_box_scenes(count, seed, **options)]

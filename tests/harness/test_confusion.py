@@ -59,6 +59,10 @@ def test_confusion_refuses_a_checkpoint_that_does_not_explain_the_score(tmp_path
     capsys.readouterr()
     assert main(["confusion", "--task", "ucf101", "--method", "nopos", "--out", str(tmp_path)]) == 2
     assert "is not the recorded score" in capsys.readouterr().err
+    payload.update(status="failed", score=None)  # a failed cell that left a checkpoint behind
+    result.write_text(json.dumps(payload))
+    assert main(["confusion", "--task", "ucf101", "--method", "nopos", "--out", str(tmp_path)]) == 2
+    assert "the cell did not finish (failed)" in capsys.readouterr().err
     assert main(["confusion", "--task", "ucf101", "--method", "rope", "--out", str(tmp_path)]) == 2
     assert "no finished cell with a checkpoint" in capsys.readouterr().err
 

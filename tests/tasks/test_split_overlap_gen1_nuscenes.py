@@ -64,7 +64,7 @@ def gen1() -> Iterator[dict]:
     def recorded_streams(count, seed, **options):
         scenes = event_scenes.flashing_box_scenes(count, seed, **options)
         made.append((count, seed, scenes))
-        return [(s.events, s.boxes, s.labels) for s in scenes]
+        return [scene.sample for scene in scenes]
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(detection_task, "flashing_box_streams", recorded_streams)
