@@ -52,6 +52,11 @@ class RoPEMixedOptions(EncodingOptions):
     # False freezes the initial frequency vectors (each head axial RoPE in its own random
     # frame): an ablation that tells what learning the mixed directions adds or costs.
     learn_frequencies: bool = True
+    # False starts every head in the coordinate axes' frame instead of its own random one
+    # (pairs then rotate by one axis each at initialisation, as axial RoPE's do): the ablation
+    # that tells what the mixing of the axes at initialisation adds or costs. With
+    # learn_frequencies=False and base=100 too, the layer is axial RoPE's rotation.
+    random_frame: bool = True
 
 
 def random_rotation(pos_dim: int) -> Tensor:
@@ -122,4 +127,11 @@ class RoPEMixed(PositionEncoding):
 
     def make_layer(self, layer_index: int) -> LayerEncoding:
         freqs = mixed_frequencies(self.num_heads, self.geometry.pos_dim, self.levels, self.options.base)
+        if not self.options.random_frame:
+            # The random frames above are drawn all the same and dropped, so the global RNG
+            # moves on as in a random-frame run and every other weight of the model starts
+            # as it does there: the ablation changes the frames only.
+            freqs = mixed_frequencies(
+                self.num_heads, self.geometry.pos_dim, self.levels, self.options.base, rotate=False
+            )
         return MixedRotaryLayer(freqs, self.options.learn_frequencies)

@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pe_bench.adapters import AttentionInputs, Geometry, Principle, build
+from pe_bench.adapters.base import PositionLayout
+from pe_bench.harness.attention import Attention
 from pe_bench.harness.conformance.probes import (
     LAYER_HEADS,
     assert_all_parameters_learn,
@@ -125,3 +127,50 @@ def test_frozen_frequencies_keep_the_initial_rotation():
     frozen(x, layout).square().sum().backward()
     assert frozen.encoding.frequencies.grad is None
     assert frozen.qkv.weight.grad is not None and frozen.qkv.weight.grad.abs().sum() > 0
+
+
+def test_axis_frames_change_the_frames_only():
+    """``random_frame=False``: every pair's frequency lies on one coordinate axis, with the
+    magnitudes of the random-frame layer, and the weights initialised after the frames (here
+    the qkv projection) are those of the random-frame run at the same seed."""
+    random_frame = make_attention("rope-mixed", 3, seed=7)
+    axis_frame = make_attention("rope-mixed", 3, {"random_frame": False}, seed=7)
+    torch.testing.assert_close(axis_frame.qkv.weight, random_frame.qkv.weight, rtol=0, atol=0)
+    frequencies = axis_frame.encoding.frequencies.detach()  # (H, P, F)
+    assert ((frequencies != 0).sum(dim=1) == 1).all()
+    assert not torch.equal(frequencies, random_frame.encoding.frequencies.detach())
+    torch.testing.assert_close(
+        frequencies.norm(dim=1), random_frame.encoding.frequencies.detach().norm(dim=1), rtol=1e-6, atol=0
+    )
+    assert axis_frame.encoding.frequencies.requires_grad
+
+
+def test_frozen_axis_frames_at_base_100_are_axial_rope():
+    """With the axes' frames, frozen frequencies and rope's base, RoPE-Mixed's rotation is
+    axial RoPE's (rope.py's frequencies in the same direction-major layout): the same logits
+    for the same projection weights, the CLS included. Heads of 48 channels give 8 levels per
+    axis (the probes' 8-channel heads have one, where the base would not matter)."""
+    dim, heads, geometry = 96, 2, Geometry(pos_dim=3)
+
+    def attention(name: str, options: dict | None) -> Attention:
+        torch.manual_seed(8)
+        return Attention(dim, heads, build(name, geometry, dim, heads, 1, options=options).make_layer(0)).double()
+
+    options = {"random_frame": False, "learn_frequencies": False, "base": 100.0}
+    mixed, axial, other_base = (
+        attention("rope-mixed", options),
+        attention("rope", None),
+        attention("rope", {"base": 10.0}),
+    )
+    projections = {k: v for k, v in mixed.state_dict().items() if not k.startswith("encoding.")}
+    axial.load_state_dict(projections)
+    other_base.load_state_dict(projections)
+    gen = torch.Generator().manual_seed(10)
+    coords = 10.0 * torch.randn(2, 17, 3, generator=gen, dtype=torch.float64)
+    has_pos = torch.ones(2, 17, dtype=torch.bool)
+    has_pos[:, 0] = False
+    layout = PositionLayout(coords=coords, has_pos=has_pos)
+    x = torch.randn(2, 17, dim, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(mixed.logits(x, layout), axial.logits(x, layout), rtol=1e-6, atol=1e-6)
+    # the base matters at this width: a check that the equality above could fail
+    assert (mixed.logits(x, layout) - other_base.logits(x, layout)).abs().max() > 1e-2
