@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 
 from pe_bench.harness.config import load_run_config, load_study
 from pe_bench.tasks.base import get_task
@@ -17,7 +18,7 @@ from pe_bench.tasks.base import get_task
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = ROOT / "results" / "reference-studies"
 
-#: (records folder, task, what each cell records of its overlap, the table's header)
+#: (records folder, task, what each cell records of its overlap, the table's header[, seeds])
 TABLES = [
     ("unseen-placements-stop66", "imagenet", "test_placements_seen_in_training",
      "| Position encoding | validation, seen placements | test, unseen placements | seen − unseen |"),
@@ -55,8 +56,9 @@ def _mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
-@pytest.mark.parametrize(("folder", "task", "recorded", "header"), TABLES, ids=[t[0] for t in TABLES])
-def test_readme_unseen_table_is_the_shipped_records(folder: str, task: str, recorded: str, header: str) -> None:
+@pytest.mark.parametrize("table", TABLES, ids=[t[0] for t in TABLES])
+def test_readme_unseen_table_is_the_shipped_records(table: tuple) -> None:
+    folder, task, recorded, header, seeds = (*table, range(3))[:5]
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert readme.count(header) == 1, f"the README has {readme.count(header)} tables headed {header}"
     rows = readme[readme.index(header) :].split("\n\n")[0].splitlines()[2:]
@@ -64,11 +66,11 @@ def test_readme_unseen_table_is_the_shipped_records(folder: str, task: str, reco
     assert sorted(row.split("|")[1].strip() for row in rows) == sorted(p.name for p in runs.iterdir())
     for row in rows:
         method, val, test, gap = (cell.strip() for cell in row.strip("|").split("|"))
-        records = [json.loads((runs / method / f"seed{seed}" / "result.json").read_text()) for seed in range(3)]
+        records = [json.loads((runs / method / f"seed{seed}" / "result.json").read_text()) for seed in seeds]
         assert all(r["status"] == "ok" and r["extra"][recorded] == 0.0 for r in records), method
         vals, tests = [r["best_val"] for r in records], [r["score"] for r in records]
-        seeds = " / ".join(f"{score:.1f}" for score in tests)
-        assert (val, test) == (_mean_std(vals), f"{_mean_std(tests)} ({seeds})"), method
+        per_seed = " / ".join(f"{score:.1f}" for score in tests)
+        assert (val, test) == (_mean_std(vals), f"{_mean_std(tests)} ({per_seed})"), method
         assert gap == f"{round(statistics.mean(vals) - statistics.mean(tests), 2) + 0.0:.2f}", method  # no -0.00
 
 
@@ -131,3 +133,122 @@ def test_orbit_classes_cover_most_places_in_training() -> None:
                        "orbit-cw": 70, "orbit-ccw": 69}  # fmt: skip
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "on 70 and 69 of the 75 (tubelet,\ncell) places (a straight class's on 33, a diagonal's on 21)" in readme
+
+
+#: stop 70's six-seed table of RoPE-Mixed's frames: each row's records for seeds 0-2 and 3-5
+FRAMES = "unseen-paths-ucf101-frames-stop70"
+LATER_SEEDS = "unseen-paths-ucf101-seeds3to5-stop70"
+AXIS_FRAMES = "rope-mixed[random_frame=false]"
+AXIAL_ROPE_LAYER = "rope-mixed[random_frame=false,learn_frequencies=false,base=100]"
+SIX_SEEDS = {
+    "rope": FRAMES,
+    AXIS_FRAMES: FRAMES,
+    AXIAL_ROPE_LAYER: FRAMES,
+    "rope-mixed": "unseen-paths-ucf101-stop68",
+}
+SIX_SEEDS_HEADER = (
+    "| Position encoding (stop 70, seeds 0-5) | validation, seen paths (5×5) | test, unseen paths (5×5) "
+    "| seen − unseen |"
+)
+
+
+def _six_seed_records(method: str) -> list[dict]:
+    return _records(SIX_SEEDS[method], method) + [
+        json.loads((STUDIES / LATER_SEEDS / "runs" / "ucf101" / method / f"seed{seed}" / "result.json").read_text())
+        for seed in (3, 4, 5)
+    ]
+
+
+def test_readme_six_seed_frames_table_is_the_shipped_records() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme.count(SIX_SEEDS_HEADER) == 1
+    rows = readme[readme.index(SIX_SEEDS_HEADER) :].split("\n\n")[0].splitlines()[2:]
+    assert sorted(row.split("|")[1].strip().strip("`") for row in rows) == sorted(SIX_SEEDS)
+    assert sorted(p.name for p in (STUDIES / LATER_SEEDS / "runs" / "ucf101").iterdir()) == sorted(SIX_SEEDS)
+    for row in rows:
+        method, val, test, gap = (cell.strip() for cell in row.strip("|").split("|"))
+        records = _six_seed_records(method.strip("`"))
+        assert all(r["status"] == "ok" and r["extra"]["test_paths_seen_in_training"] == 0.0 for r in records)
+        vals, tests = [r["best_val"] for r in records], [r["score"] for r in records]
+        per_seed = " / ".join(f"{score:.1f}" for score in tests)
+        assert (val, test) == (_mean_std(vals), f"{_mean_std(tests)} ({per_seed})"), method
+        assert gap == f"{statistics.mean(vals) - statistics.mean(tests):.2f}", method
+
+
+def test_frames_rerun_reproduces_stop_68_rope() -> None:
+    keys = ("score", "best_val", "best_epoch")
+    stop68, stop70 = _records("unseen-paths-ucf101-stop68", "rope"), _records(FRAMES, "rope")
+    assert [[r[k] for k in keys] for r in stop68] == [[r[k] for k in keys] for r in stop70]
+
+
+def test_readme_frame_comparisons_are_the_records() -> None:
+    """The README's paired and unpaired comparisons over seeds 0-5, recomputed from the records."""
+    from scipy import stats
+
+    scores = {method: [r["score"] for r in _six_seed_records(method)] for method in SIX_SEEDS}
+    paired = [a - b for a, b in zip(scores[AXIS_FRAMES], scores["rope-mixed"], strict=True)]
+    assert all(d > 0 for d in paired)
+    frame_p = stats.ttest_rel(scores[AXIS_FRAMES], scores["rope-mixed"]).pvalue
+    same_function_p = stats.ttest_ind(scores["rope"], scores[AXIAL_ROPE_LAYER], equal_var=False).pvalue
+    rope_wins = sum(a > b for a, b in zip(scores["rope"], scores[AXIAL_ROPE_LAYER], strict=True))
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    quoted = [
+        f"{statistics.mean(paired):.2f} points on average, more on every seed "
+        f"({' / '.join(f'{d:.2f}' for d in paired)}; paired t-test p = {frame_p:.3f})",
+        f"Welch's t-test p = {same_function_p:.3f}",
+        f"rope scores higher on {rope_wins} of the 6 seeds",
+    ]  # fmt: skip
+    for text in quoted:
+        assert text in readme, text
+
+
+def test_axial_rope_layer_trains_as_rope_on_the_study_model() -> None:
+    """The README: with rope's weights, the study's ucf101 model with the rope-equivalent RoPE-Mixed
+    layer gives rope's logits to 1.5e-5 and one training batch's loss and gradients to 1e-6."""
+    from pe_bench.adapters.registry import EncodingFactory
+
+    config = load_run_config("ucf101", "tiny", load_study("unseen-paths-ucf101").overrides["tiny"])
+    task = get_task("ucf101")(config)
+    torch.manual_seed(0)
+    rope = task.build_model(EncodingFactory("rope"))
+    layer = task.build_model(
+        EncodingFactory("rope-mixed", {"random_frame": False, "learn_frequencies": False, "base": 100.0})
+    )
+    missing, unexpected = layer.load_state_dict(rope.state_dict(), strict=False)
+    assert not unexpected and all(key.endswith("encoding.frequencies") for key in missing) and missing
+    data = task.datamodule(0)
+    data.setup("fit")
+    clips, labels = next(iter(data.train_dataloader()))
+    with torch.no_grad():
+        logits = rope.eval()(clips)
+        assert (layer.eval()(clips) - logits).abs().max() < 1.5e-5 < 1e-3 * logits.abs().max()
+    losses = []
+    for model in (rope.train(), layer.train()):
+        loss = torch.nn.functional.cross_entropy(model(clips), labels)
+        loss.backward()
+        losses.append(loss.item())
+    assert abs(losses[0] - losses[1]) < 1e-6
+    grads = dict(layer.named_parameters())
+    assert max((p.grad - grads[k].grad).abs().max().item() for k, p in rope.named_parameters()) < 1e-6
+
+
+def test_rope_mixed_confusion_counts_are_the_shipped_matrices() -> None:
+    """The README's rope-mixed misses per seed and the unseen paths per class on the 5x5 grid."""
+    import pandas as pd
+
+    from pe_bench.tasks._shared.motion import MOTIONS, class_paths, split_paths
+
+    folder = STUDIES / "unseen-paths-ucf101-diagnostics-stop69"
+    matrices = [pd.read_csv(folder / "confusion/ucf101/rope-mixed" / f"seed{s}.csv", index_col=0) for s in range(3)]
+    for matrix, record in zip(matrices, _records(folder.name, "rope-mixed"), strict=True):
+        assert 100.0 * matrix.to_numpy().trace() / matrix.to_numpy().sum() == pytest.approx(record["score"], abs=1e-3)
+    assert (matrices[1].loc["down", "down-right"], matrices[1].loc["up", "orbit-ccw"]) == (36, 25)
+    assert matrices[2].loc["down", "left"] == 38
+    assert all(matrix.loc[name].sum() == 50 for matrix in matrices for name in MOTIONS)
+    _, unseen = split_paths(len(MOTIONS), 5, 3, 0.25)
+    per_class = [sum(path in unseen for path in class_paths(label, 5, 3)) for label in range(len(MOTIONS))]
+    assert per_class == [4, 4, 4, 4, 2, 2, 18, 18]
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert (
+        "seed 1 calls 36 of 50 down clips down-right and 25 of 50 up clips orbit-ccw, seed 2 calls 38 of 50" in readme
+    )
