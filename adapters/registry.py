@@ -19,6 +19,7 @@ from typing import Any
 from pe_bench.registry import Registry, UnknownNameError
 
 from .base import EncodingOptions, Geometry, PositionEncoding
+from .init_stream import encoding_draws
 
 ENTRY_POINT_GROUP = "pe_bench.encodings"
 
@@ -107,4 +108,5 @@ class EncodingFactory:
         return self.cls.unsupported_reason(geometry)
 
     def __call__(self, geometry: Geometry, dim: int, num_heads: int, depth: int) -> PositionEncoding:
-        return self.cls(geometry=geometry, dim=dim, num_heads=num_heads, depth=depth, options=self.validated())
+        with encoding_draws():  # its own random stream under model.paired_init (init_stream.py)
+            return self.cls(geometry=geometry, dim=dim, num_heads=num_heads, depth=depth, options=self.validated())

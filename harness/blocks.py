@@ -5,9 +5,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from pe_bench.adapters.base import PositionEncoding, PositionLayout
+from pe_bench.adapters.base import LayerEncoding, PositionEncoding, PositionLayout
+from pe_bench.adapters.init_stream import encoding_draws
 
 from .attention import Attention
+
+
+def layer_encoding(encoding: PositionEncoding, layer_index: int) -> LayerEncoding:
+    """``encoding.make_layer(layer_index)``, its random draws from the encodings' own stream
+    under ``model.paired_init`` (adapters/init_stream.py)."""
+    with encoding_draws():
+        return encoding.make_layer(layer_index)
 
 
 class DropPath(nn.Module):
@@ -44,7 +52,7 @@ class EncoderBlock(nn.Module):
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, num_heads, encoding.make_layer(layer_index), dropout=dropout)
+        self.attn = Attention(dim, num_heads, layer_encoding(encoding, layer_index), dropout=dropout)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout)
         self.drop_path = DropPath(drop_path)
@@ -141,9 +149,9 @@ class DecoderBlock(nn.Module):
         context_dim: int | None = None,
     ) -> None:
         super().__init__()
-        cross_encoding = None if cross_layer_index is None else encoding.make_layer(cross_layer_index)
+        cross_encoding = None if cross_layer_index is None else layer_encoding(encoding, cross_layer_index)
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, num_heads, encoding.make_layer(layer_index), dropout=dropout)
+        self.attn = Attention(dim, num_heads, layer_encoding(encoding, layer_index), dropout=dropout)
         self.norm2 = nn.LayerNorm(dim)
         self.cross_attn = Attention(
             dim, num_heads, cross_encoding, dropout=dropout, cross=True, context_dim=context_dim

@@ -42,6 +42,11 @@ class ModelConfig(Strict):
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     # PaPE Appendix E: zero head weights and bias -log(C) give uniform initial predictions.
     head_init: Literal["zero", "default"] = "zero"
+    # True: the encoding draws its random initial values from a stream of its own, so at one seed
+    # every encoding's backbone starts from the same weights (a paired comparison; see
+    # adapters/init_stream.py). False, the default of every shipped record: one global stream,
+    # so an encoding that draws (RoPE-Mixed, PaPE, abspos, ...) changes every later weight.
+    paired_init: bool = False
 
     @model_validator(mode="after")
     def _heads_split_the_width(self) -> ModelConfig:
@@ -216,8 +221,10 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     scoped = task_overrides(pairs)
     tasks = sorted(set(scoped) - {ALL_TASKS})
     if tasks:
-        raise ConfigError(f"parse_overrides takes KEY=VALUE pairs for every task; for {', '.join(tasks)}:KEY=VALUE "
-                          "use task_overrides()")
+        raise ConfigError(
+            f"parse_overrides takes KEY=VALUE pairs for every task; for {', '.join(tasks)}:KEY=VALUE "
+            "use task_overrides()"
+        )
     return scoped.get(ALL_TASKS, {})
 
 
@@ -236,11 +243,11 @@ def _undotted(tree: dict[str, Any], where: str) -> dict[str, Any]:
 def load_override_file(path: Path) -> dict[str, dict[str, Any]]:
     """A YAML file of overrides per scope: task names, or ``all`` for every task::
 
-        all:                     # every task of the grid
-          optim: {epochs: 5}
-        imagenet:                # this task only (beats ``all``)
-          optim: {lr: 1.0e-3}    # 1.0e-3, not 1e-3: YAML 1.1 reads 1e-3 as a string
-          data.image_size: 32    # dotted keys work too
+    all:                     # every task of the grid
+      optim: {epochs: 5}
+    imagenet:                # this task only (beats ``all``)
+      optim: {lr: 1.0e-3}    # 1.0e-3, not 1e-3: YAML 1.1 reads 1e-3 as a string
+      data.image_size: 32    # dotted keys work too
     """
     path = Path(path)
     if not path.is_file():

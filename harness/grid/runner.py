@@ -19,7 +19,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from lightning.pytorch import Callback
 
 from pe_bench.adapters import EncodingFactory
 from pe_bench.adapters.base import positional_parameters
+from pe_bench.adapters.init_stream import paired_initialisation
 from pe_bench.tasks import Task, get_task
 
 from ..attention import AUTO_ON_CUDA, set_attention_kernel
@@ -142,7 +143,10 @@ def model_parts(task: Task, make_encoding: EncodingFactory, seed: int) -> tuple[
 
     L.seed_everything(seed, workers=True, verbose=False)
     resolve_attention_kernel(task.config)  # refuses flex where it cannot train
-    model = set_attention_kernel(task.build_model(make_encoding), task.config.trainer.attention_kernel)
+    paired = paired_initialisation(seed) if task.config.model.paired_init else nullcontext()
+    with paired:  # model.paired_init: the encoding's initial values from a stream of its own
+        built = task.build_model(make_encoding)
+    model = set_attention_kernel(built, task.config.trainer.attention_kernel)
     model = maybe_compile(model, task.config.trainer)  # trainer.compile (auto: on CUDA)
     return model, task.lightning_module(model), task.datamodule(seed)
 
