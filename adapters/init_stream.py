@@ -1,7 +1,7 @@
 """Paired initialisation: an encoding's random initial values from a stream of its own.
 
-By default an encoding draws its random initial values (RoPE-Mixed's and STRING's frames,
-PaPE's projections, abspos's table) from torch's global generator, as the backbone's weights
+By default an encoding draws its random initial values (RoPE-Mixed's frames, PaPE's
+projections, the abspos, relpos and CoPE tables) from torch's global generator, as the backbone's weights
 are drawn: every weight drawn after them then differs between two encodings at one seed, and a
 comparison of the two carries the difference of their backbones' starting points. On the
 unseen-paths ucf101 study a layer that computes axial RoPE's logits, its backbone's weights

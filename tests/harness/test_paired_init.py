@@ -87,3 +87,14 @@ def test_model_parts_reads_the_option() -> None:
         torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0)
     with pytest.raises(ConfigError, match="paired_init"):
         load_run_config("ucf101", "tiny", {"model": {"paired_init": "sometimes"}})
+
+
+def test_tables_tell_paired_cells_from_unpaired_ones() -> None:
+    """A paired cell is another configuration than the shipped (unpaired) records, which lack
+    the key; an explicit false is the same configuration as theirs."""
+    from pe_bench.harness.config_diff import config_differences
+
+    assert [key for key, *_ in config_differences("ucf101", {"model": {"paired_init": True}}, {"model": {}})] == [
+        "model.paired_init"
+    ]
+    assert config_differences("ucf101", {"model": {"paired_init": False}}, {"model": {}}) == []
