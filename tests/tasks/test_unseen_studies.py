@@ -31,6 +31,9 @@ TABLES = [
      "| seen − unseen |"),
     ("unseen-paths-ucf101-diagnostics-stop69", "ucf101", "test_paths_seen_in_training",
      "| Position encoding (stop 69) | validation, seen paths (5×5) | test, unseen paths (5×5) | seen − unseen |"),
+    ("unseen-paths-ucf101-paired-init-stop70", "ucf101", "test_paths_seen_in_training",
+     "| Position encoding (stop 70, `model.paired_init`, seeds 0-5) | validation, seen paths (5×5) "
+     "| test, unseen paths (5×5) | seen − unseen |", range(6)),
     ("unseen-marker-cells-stop67", "coco", "test_objects_seen_in_training",
      "| Position encoding | validation, seen marker cells | test, unseen marker cells | seen − unseen |"),
 ]  # fmt: skip
@@ -252,3 +255,52 @@ def test_rope_mixed_confusion_counts_are_the_shipped_matrices() -> None:
     assert (
         "seed 1 calls 36 of 50 down clips down-right and 25 of 50 up clips orbit-ccw, seed 2 calls 38 of 50" in readme
     )
+
+
+PAIRED = "unseen-paths-ucf101-paired-init-stop70"
+
+
+def test_paired_cells_were_trained_paired_and_rope_repeats_its_unpaired_cells() -> None:
+    """Every cell of the paired folder asked for ``model.paired_init``; rope draws no initial
+    values, so paired it trains exactly as unpaired: the same scores to the last digit."""
+    import yaml
+
+    runs = STUDIES / PAIRED / "runs" / "ucf101"
+    for config in runs.glob("*/seed*/config.yaml"):
+        assert yaml.safe_load(config.read_text())["model"]["paired_init"] is True, config
+    paired = [json.loads((runs / "rope" / f"seed{s}" / "result.json").read_text()) for s in range(6)]
+    keys = ("score", "best_val", "best_epoch")
+    assert [[r[k] for k in keys] for r in paired] == [[r[k] for k in keys] for r in _six_seed_records("rope")]
+
+
+def test_readme_paired_comparisons_are_the_records() -> None:
+    """The README's paired figures: rope against rope-mixed and against the rope-equivalent
+    layer (the score's noise floor), the two runs' first and second epochs at seed 0, and the
+    float32 frequencies that are all that tells that layer from rope."""
+    from scipy import stats
+
+    from pe_bench.adapters.base import geometric_frequencies
+    from pe_bench.adapters.rope_mixed import mixed_frequencies
+
+    runs = STUDIES / PAIRED / "runs" / "ucf101"
+    scores = {
+        m: [json.loads((runs / m / f"seed{s}" / "result.json").read_text())["score"] for s in range(6)]
+        for m in ("rope", "rope-mixed", AXIAL_ROPE_LAYER)
+    }
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    for method, label in (("rope-mixed", "rope-mixed loses"), (AXIAL_ROPE_LAYER, "yet it loses")):
+        losses = [a - b for a, b in zip(scores["rope"], scores[method], strict=True)]
+        p = stats.ttest_rel(scores["rope"], scores[method]).pvalue
+        quoted = f"{statistics.mean(losses):.2f}"
+        per_seed = " / ".join(f"{d + 0.0:.2f}" for d in losses)
+        assert f"{label} {quoted}" in readme and f"({per_seed}; " in readme and f"p = {p:.3f}" in readme, method
+    losses = {
+        m: [float(line.split(",")[1]) for line in (runs / m / "seed0" / "metrics.csv").read_text().splitlines()[1:3]]
+        for m in ("rope", AXIAL_ROPE_LAYER)
+    }
+    assert losses["rope"][0] == losses[AXIAL_ROPE_LAYER][0] and losses["rope"][1] != losses[AXIAL_ROPE_LAYER][1]
+    assert f"second is not ({losses[AXIAL_ROPE_LAYER][1]!r} against {losses['rope'][1]!r})" in readme
+    assert f"rope's to the last digit ({losses['rope'][0]!r})" in readme
+    mixed = mixed_frequencies(1, 3, 2, 100.0, rotate=False)[0, 0, :2]
+    gap = (mixed - geometric_frequencies(2, 100.0)).abs().max().item()
+    assert 7e-9 < gap < 8e-9 and "0.1 and 0.1 + 7.5e-9 at this task's 2 levels per axis" in readme
