@@ -304,3 +304,30 @@ def test_readme_paired_comparisons_are_the_records() -> None:
     mixed = mixed_frequencies(1, 3, 2, 100.0, rotate=False)[0, 0, :2]
     gap = (mixed - geometric_frequencies(2, 100.0)).abs().max().item()
     assert 7e-9 < gap < 8e-9 and "0.1 and 0.1 + 7.5e-9 at this task's 2 levels per axis" in readme
+
+
+def test_readme_twelve_paired_seeds_are_the_records() -> None:
+    import yaml
+    from scipy import stats
+
+    later = STUDIES / "unseen-paths-ucf101-paired-init-seeds6to11-stop70" / "runs" / "ucf101"
+    assert sorted(p.name for p in later.iterdir()) == ["rope", "rope-mixed"]
+
+    def scores(method: str) -> list[float]:
+        first = [json.loads((STUDIES / PAIRED / "runs" / "ucf101" / method / f"seed{s}" / "result.json").read_text())
+                 for s in range(6)]  # fmt: skip
+        rest = [json.loads((later / method / f"seed{s}" / "result.json").read_text()) for s in range(6, 12)]
+        assert all(r["status"] == "ok" and r["extra"]["test_paths_seen_in_training"] == 0.0 for r in rest)
+        assert all(yaml.safe_load((later / method / f"seed{s}" / "config.yaml").read_text())["model"]["paired_init"]
+                   for s in range(6, 12))  # fmt: skip
+        return [r["score"] for r in first + rest]
+
+    rope, mixed = scores("rope"), scores("rope-mixed")
+    losses = [a - b for a, b in zip(rope, mixed, strict=True)]
+    p = stats.ttest_rel(rope, mixed).pvalue
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    for method, values in (("rope", rope), ("rope-mixed", mixed)):
+        assert f"{method} {' / '.join(f'{v:.1f}' for v in values[6:])}" in readme, method
+    assert f"rope scores {_mean_std(rope)} and rope-mixed {_mean_std(mixed)}" in readme
+    assert f"rope-mixed loses {statistics.mean(losses):.2f} (p = {p:.3f})" in readme
+    assert (sum(d > 0 for d in losses), sum(d < 0 for d in losses)) == (8, 3)
