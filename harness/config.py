@@ -221,10 +221,8 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     scoped = task_overrides(pairs)
     tasks = sorted(set(scoped) - {ALL_TASKS})
     if tasks:
-        raise ConfigError(
-            f"parse_overrides takes KEY=VALUE pairs for every task; for {', '.join(tasks)}:KEY=VALUE "
-            "use task_overrides()"
-        )
+        raise ConfigError(f"parse_overrides takes KEY=VALUE pairs for every task; for {', '.join(tasks)}:KEY=VALUE "
+                          "use task_overrides()")
     return scoped.get(ALL_TASKS, {})
 
 
@@ -243,11 +241,11 @@ def _undotted(tree: dict[str, Any], where: str) -> dict[str, Any]:
 def load_override_file(path: Path) -> dict[str, dict[str, Any]]:
     """A YAML file of overrides per scope: task names, or ``all`` for every task::
 
-    all:                     # every task of the grid
-      optim: {epochs: 5}
-    imagenet:                # this task only (beats ``all``)
-      optim: {lr: 1.0e-3}    # 1.0e-3, not 1e-3: YAML 1.1 reads 1e-3 as a string
-      data.image_size: 32    # dotted keys work too
+        all:                     # every task of the grid
+          optim: {epochs: 5}
+        imagenet:                # this task only (beats ``all``)
+          optim: {lr: 1.0e-3}    # 1.0e-3, not 1e-3: YAML 1.1 reads 1e-3 as a string
+          data.image_size: 32    # dotted keys work too
     """
     path = Path(path)
     if not path.is_file():
