@@ -59,27 +59,51 @@ def _mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
-@pytest.mark.parametrize("table", TABLES, ids=[t[0] for t in TABLES])
-def test_readme_unseen_table_is_the_shipped_records(table: tuple) -> None:
-    folder, task, recorded, header, seeds = (*table, range(3))[:5]
+def _table_rows(header: str) -> list[tuple[str, str, str, str]]:
+    """(method, validation, test, gap) of each row of the one README table headed ``header``;
+    a method in backticks is given without them."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert readme.count(header) == 1, f"the README has {readme.count(header)} tables headed {header}"
     rows = readme[readme.index(header) :].split("\n\n")[0].splitlines()[2:]
+    cells = [tuple(cell.strip() for cell in row.strip("|").split("|")) for row in rows]
+    return [(method.strip("`"), val, test, gap) for method, val, test, gap in cells]
+
+
+def _assert_row_is_the_records(row: tuple[str, str, str, str], records: list[dict], recorded: str) -> None:
+    """A table row is its records' mean ± std of validation and test, the test per seed, and the gap;
+    every record finished with no test configuration seen in training."""
+    method, val, test, gap = row
+    assert all(r["status"] == "ok" and r["extra"][recorded] == 0.0 for r in records), method
+    vals, tests = [r["best_val"] for r in records], [r["score"] for r in records]
+    per_seed = " / ".join(f"{score:.1f}" for score in tests)
+    assert (val, test) == (_mean_std(vals), f"{_mean_std(tests)} ({per_seed})"), method
+    assert gap == f"{round(statistics.mean(vals) - statistics.mean(tests), 2) + 0.0:.2f}", method  # no -0.00
+
+
+def _records(folder: str, method: str, seeds=range(3), task: str = "ucf101") -> list[dict]:
+    runs = STUDIES / folder / "runs" / task / method
+    return [json.loads((runs / f"seed{seed}" / "result.json").read_text()) for seed in seeds]
+
+
+def _same_scores(these: list[dict], those: list[dict]) -> bool:
+    """Whether two lists of records hold the same scores, best validations and best epochs."""
+    keys = ("score", "best_val", "best_epoch")
+    return [[r[k] for k in keys] for r in these] == [[r[k] for k in keys] for r in those]
+
+
+def _flat_readme() -> str:
+    """The README with every run of whitespace one space (quoted phrases may wrap)."""
+    return " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+
+
+@pytest.mark.parametrize("table", TABLES, ids=[t[0] for t in TABLES])
+def test_readme_unseen_table_is_the_shipped_records(table: tuple) -> None:
+    folder, task, recorded, header, seeds = (*table, range(3))[:5]
+    rows = _table_rows(header)
     runs = STUDIES / folder / "runs" / task
-    assert sorted(row.split("|")[1].strip() for row in rows) == sorted(p.name for p in runs.iterdir())
+    assert sorted(row[0] for row in rows) == sorted(p.name for p in runs.iterdir())
     for row in rows:
-        method, val, test, gap = (cell.strip() for cell in row.strip("|").split("|"))
-        records = [json.loads((runs / method / f"seed{seed}" / "result.json").read_text()) for seed in seeds]
-        assert all(r["status"] == "ok" and r["extra"][recorded] == 0.0 for r in records), method
-        vals, tests = [r["best_val"] for r in records], [r["score"] for r in records]
-        per_seed = " / ".join(f"{score:.1f}" for score in tests)
-        assert (val, test) == (_mean_std(vals), f"{_mean_std(tests)} ({per_seed})"), method
-        assert gap == f"{round(statistics.mean(vals) - statistics.mean(tests), 2) + 0.0:.2f}", method  # no -0.00
-
-
-def _records(folder: str, method: str) -> list[dict]:
-    runs = STUDIES / folder / "runs" / "ucf101" / method
-    return [json.loads((runs / f"seed{seed}" / "result.json").read_text()) for seed in range(3)]
+        _assert_row_is_the_records(row, _records(folder, row[0], seeds, task), recorded)
 
 
 def test_ucf101_80_epoch_cells_trained_80_epochs() -> None:
@@ -94,12 +118,9 @@ def test_ucf101_80_epoch_cells_trained_80_epochs() -> None:
 @pytest.mark.parametrize("method", ["abspos", "rope-mixed"])
 def test_ucf101_rerun_reproduces_stop_68(method: str) -> None:
     """The README: stop 69's re-run of stop 68's cells gave the same test scores to the last digit."""
-    keys = ("score", "best_val", "best_epoch")
-    stop68, stop69 = (
-        _records("unseen-paths-ucf101-stop68", method),
-        _records("unseen-paths-ucf101-diagnostics-stop69", method),
+    assert _same_scores(
+        _records("unseen-paths-ucf101-stop68", method), _records("unseen-paths-ucf101-diagnostics-stop69", method)
     )
-    assert [[r[k] for k in keys] for r in stop68] == [[r[k] for k in keys] for r in stop69]
 
 
 def test_abspos_confusion_counts_are_the_shipped_matrices() -> None:
@@ -156,32 +177,19 @@ SIX_SEEDS_HEADER = (
 
 
 def _six_seed_records(method: str) -> list[dict]:
-    return _records(SIX_SEEDS[method], method) + [
-        json.loads((STUDIES / LATER_SEEDS / "runs" / "ucf101" / method / f"seed{seed}" / "result.json").read_text())
-        for seed in (3, 4, 5)
-    ]
+    return _records(SIX_SEEDS[method], method) + _records(LATER_SEEDS, method, (3, 4, 5))
 
 
 def test_readme_six_seed_frames_table_is_the_shipped_records() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert readme.count(SIX_SEEDS_HEADER) == 1
-    rows = readme[readme.index(SIX_SEEDS_HEADER) :].split("\n\n")[0].splitlines()[2:]
-    assert sorted(row.split("|")[1].strip().strip("`") for row in rows) == sorted(SIX_SEEDS)
+    rows = _table_rows(SIX_SEEDS_HEADER)
+    assert sorted(row[0] for row in rows) == sorted(SIX_SEEDS)
     assert sorted(p.name for p in (STUDIES / LATER_SEEDS / "runs" / "ucf101").iterdir()) == sorted(SIX_SEEDS)
     for row in rows:
-        method, val, test, gap = (cell.strip() for cell in row.strip("|").split("|"))
-        records = _six_seed_records(method.strip("`"))
-        assert all(r["status"] == "ok" and r["extra"]["test_paths_seen_in_training"] == 0.0 for r in records)
-        vals, tests = [r["best_val"] for r in records], [r["score"] for r in records]
-        per_seed = " / ".join(f"{score:.1f}" for score in tests)
-        assert (val, test) == (_mean_std(vals), f"{_mean_std(tests)} ({per_seed})"), method
-        assert gap == f"{statistics.mean(vals) - statistics.mean(tests):.2f}", method
+        _assert_row_is_the_records(row, _six_seed_records(row[0]), "test_paths_seen_in_training")
 
 
 def test_frames_rerun_reproduces_stop_68_rope() -> None:
-    keys = ("score", "best_val", "best_epoch")
-    stop68, stop70 = _records("unseen-paths-ucf101-stop68", "rope"), _records(FRAMES, "rope")
-    assert [[r[k] for k in keys] for r in stop68] == [[r[k] for k in keys] for r in stop70]
+    assert _same_scores(_records("unseen-paths-ucf101-stop68", "rope"), _records(FRAMES, "rope"))
 
 
 def test_readme_frame_comparisons_are_the_records() -> None:
@@ -194,7 +202,7 @@ def test_readme_frame_comparisons_are_the_records() -> None:
     frame_p = stats.ttest_rel(scores[AXIS_FRAMES], scores["rope-mixed"]).pvalue
     same_function_p = stats.ttest_ind(scores["rope"], scores[AXIAL_ROPE_LAYER], equal_var=False).pvalue
     rope_wins = sum(a > b for a, b in zip(scores["rope"], scores[AXIAL_ROPE_LAYER], strict=True))
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    readme = _flat_readme()
     quoted = [
         f"{statistics.mean(paired):.2f} points on average, more on every seed "
         f"({' / '.join(f'{d:.2f}' for d in paired)}; paired t-test p = {frame_p:.3f})",
@@ -251,7 +259,7 @@ def test_rope_mixed_confusion_counts_are_the_shipped_matrices() -> None:
     _, unseen = split_paths(len(MOTIONS), 5, 3, 0.25)
     per_class = [sum(path in unseen for path in class_paths(label, 5, 3)) for label in range(len(MOTIONS))]
     assert per_class == [4, 4, 4, 4, 2, 2, 18, 18]
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    readme = _flat_readme()
     assert (
         "seed 1 calls 36 of 50 down clips down-right and 25 of 50 up clips orbit-ccw, seed 2 calls 38 of 50" in readme
     )
@@ -268,9 +276,7 @@ def test_paired_cells_were_trained_paired_and_rope_repeats_its_unpaired_cells() 
     runs = STUDIES / PAIRED / "runs" / "ucf101"
     for config in runs.glob("*/seed*/config.yaml"):
         assert yaml.safe_load(config.read_text())["model"]["paired_init"] is True, config
-    paired = [json.loads((runs / "rope" / f"seed{s}" / "result.json").read_text()) for s in range(6)]
-    keys = ("score", "best_val", "best_epoch")
-    assert [[r[k] for k in keys] for r in paired] == [[r[k] for k in keys] for r in _six_seed_records("rope")]
+    assert _same_scores(_records(PAIRED, "rope", range(6)), _six_seed_records("rope"))
 
 
 def test_readme_paired_comparisons_are_the_records() -> None:
@@ -283,11 +289,8 @@ def test_readme_paired_comparisons_are_the_records() -> None:
     from pe_bench.adapters.rope_mixed import mixed_frequencies
 
     runs = STUDIES / PAIRED / "runs" / "ucf101"
-    scores = {
-        m: [json.loads((runs / m / f"seed{s}" / "result.json").read_text())["score"] for s in range(6)]
-        for m in ("rope", "rope-mixed", AXIAL_ROPE_LAYER)
-    }
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    scores = {m: [r["score"] for r in _records(PAIRED, m, range(6))] for m in ("rope", "rope-mixed", AXIAL_ROPE_LAYER)}
+    readme = _flat_readme()
     for method, label in (("rope-mixed", "rope-mixed loses"), (AXIAL_ROPE_LAYER, "yet it loses")):
         losses = [a - b for a, b in zip(scores["rope"], scores[method], strict=True)]
         p = stats.ttest_rel(scores["rope"], scores[method]).pvalue
@@ -310,13 +313,12 @@ def test_readme_twelve_paired_seeds_are_the_records() -> None:
     import yaml
     from scipy import stats
 
-    later = STUDIES / "unseen-paths-ucf101-paired-init-seeds6to11-stop70" / "runs" / "ucf101"
+    folder = "unseen-paths-ucf101-paired-init-seeds6to11-stop70"
+    later = STUDIES / folder / "runs" / "ucf101"
     assert sorted(p.name for p in later.iterdir()) == ["rope", "rope-mixed"]
 
     def scores(method: str) -> list[float]:
-        first = [json.loads((STUDIES / PAIRED / "runs" / "ucf101" / method / f"seed{s}" / "result.json").read_text())
-                 for s in range(6)]  # fmt: skip
-        rest = [json.loads((later / method / f"seed{s}" / "result.json").read_text()) for s in range(6, 12)]
+        first, rest = _records(PAIRED, method, range(6)), _records(folder, method, range(6, 12))
         assert all(r["status"] == "ok" and r["extra"]["test_paths_seen_in_training"] == 0.0 for r in rest)
         assert all(yaml.safe_load((later / method / f"seed{s}" / "config.yaml").read_text())["model"]["paired_init"]
                    for s in range(6, 12))  # fmt: skip
@@ -325,7 +327,7 @@ def test_readme_twelve_paired_seeds_are_the_records() -> None:
     rope, mixed = scores("rope"), scores("rope-mixed")
     losses = [a - b for a, b in zip(rope, mixed, strict=True)]
     p = stats.ttest_rel(rope, mixed).pvalue
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    readme = _flat_readme()
     for method, values in (("rope", rope), ("rope-mixed", mixed)):
         assert f"{method} {' / '.join(f'{v:.1f}' for v in values[6:])}" in readme, method
     assert f"rope scores {_mean_std(rope)} and rope-mixed {_mean_std(mixed)}" in readme
