@@ -45,6 +45,11 @@ from .tokenizer import PAD
 
 #: CAPE Appendix D: local shift "set to maximum to preserve positions order".
 MT_LOCAL_SHIFT = 0.5
+#: CAPE Appendix D's global shift and scale for translation (Δmax 5, no scaling): what a
+#: shared-frame method gets when neither the profile nor the spec sets them. Not CAPEOptions'
+#: defaults, which are Section 5.1's image values (Δmax 0.5, λmax 1.4).
+MT_GLOBAL_SHIFT = 5.0
+MT_SCALE = 1.0
 
 
 @dataclass(frozen=True)

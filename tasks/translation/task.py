@@ -32,7 +32,7 @@ from .._shared.data_checks import DataReport, scan_files
 from ..base import Task
 from .corpus import stack_pairs, tiny_corpus
 from .io import SPLITS, check_folder, check_split, read_split
-from .model import MT_LOCAL_SHIFT, PositionFrame, Seq2SeqTransformer
+from .model import MT_GLOBAL_SHIFT, MT_LOCAL_SHIFT, MT_SCALE, PositionFrame, Seq2SeqTransformer
 from .module import DecodingConfig, TextForm, TranslationModule
 from .tokenizer import BOS, EOS, PAD, SubwordTokenizer, train_tokenizer
 
@@ -191,9 +191,9 @@ class Translation(Task):
             source_scale=self.corpus.alpha,
             cross_attention_positions=self.data.cross_attention_positions,
             shared_frame=shared,
-            max_global_shift=float(options.get("max_global_shift", 0.0)) if shared else 0.0,
+            max_global_shift=float(options.get("max_global_shift", MT_GLOBAL_SHIFT)) if shared else 0.0,
             max_local_shift=MT_LOCAL_SHIFT if local is None else float(local),
-            max_scale=float(options.get("max_scale", 1.0)) if shared else 1.0,
+            max_scale=float(options.get("max_scale", MT_SCALE)) if shared else 1.0,
         )
 
     def build_model(self, make_encoding: EncodingFactory) -> nn.Module:

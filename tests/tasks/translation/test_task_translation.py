@@ -195,6 +195,25 @@ def test_shared_frame_shifts_source_and_target_together() -> None:
     assert model.frame_noise(2, torch.device("cpu")) is None
 
 
+def test_shared_frame_falls_back_to_appendix_d_not_to_the_image_defaults(tmp_path: Path) -> None:
+    """A profile without cape's frame options gets CAPE App. D's translation values (global
+    shift 5, no scaling), not 0 (no augmentation: a CAPE row that silently is not CAPE's) and
+    not CAPEOptions' image defaults (0.5, 1.4); the options given still win."""
+    from types import SimpleNamespace
+
+    from pe_bench.harness.config import load_run_config
+    from pe_bench.tasks import get_task
+
+    task = get_task("wmt14-en-de")(load_run_config("wmt14-en-de", "tiny"), tmp_path)
+    task.__dict__["corpus"] = SimpleNamespace(alpha=1.25)  # the frame reads only alpha of it
+    bare = task.frame(EncodingFactory("cape"))
+    assert (bare.max_global_shift, bare.max_local_shift, bare.max_scale) == (5.0, 0.5, 1.0)
+    given = task.frame(EncodingFactory("cape", {"max_global_shift": 2.0, "max_scale": 1.2}))
+    assert (given.max_global_shift, given.max_scale) == (2.0, 1.2)
+    unshared = task.frame(EncodingFactory("sincos"))
+    assert not unshared.shared_frame and (unshared.max_global_shift, unshared.max_scale) == (0.0, 1.0)
+
+
 # -- metrics ---------------------------------------------------------------------------------
 def test_bleu_on_known_strings() -> None:
     refs = ["the cat sat on the mat", "a b c d e"]
