@@ -21,8 +21,10 @@ Frequencies:
   Stable seeds).
 
 CLS: pe-bench adds no feature to tokens without a position, and they do not enter the
-mean normalisation. The paper does not say what its ViT's class token receives (its
-abspos baseline learns an embedding for it).
+mean normalisation. The paper's ViTs give the class token a learnable absolute embedding
+(its Appendix B.1: "All models use learnable absolute positional embedding for the class
+token"); added to a learnable class token, a learnable constant is the same parameters
+twice, so leaving it out changes no function the model can learn.
 """
 
 from __future__ import annotations

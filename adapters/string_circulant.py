@@ -23,7 +23,11 @@ and (even b) Nyquist rows have φ = 0 and never rotate; the other b/2 - 1 (odd b
 
 Parameters: u's free entries u[1..(b-1)//2] per block, axis and head (u[0] and u[b/2] are
 0 and u[-m] = -u[m] for any C - C^T, so these determine L_k exactly and each one gets a
-gradient; the paper's c_0 cancels in C - C^T and would never learn).
+gradient; the paper's c_0 cancels in C - C^T and would never learn). The functions reachable
+are the paper's, the training dynamics not quite: with the paper's c, u[m] = c[m] - c[-m]
+gets two opposite updates a step, so under Adam (and SGD) u moves about twice as fast as
+here, and weight decay pulls on c rather than u. A baseline trained here is therefore
+Circulant-STRING at half its phases' learning rate, compared with the paper's parameters.
 
 Initialisation (the paper gives none): u is chosen so that the rotating Fourier planes carry
 axial RoPE's frequency ladder: plane j turns with axis j // levels at base^(-(j % levels) /
