@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-import yaml
-
 from pe_bench.tasks import get_task
 
 from . import store
@@ -48,8 +46,13 @@ def plan_grid(request: GridRequest) -> list[PlannedCell]:
 
 
 def _decide(cell, profile: str, requested: dict, not_applicable: str | None) -> tuple[str, str]:
-    existing = store.read_record(cell)
+    # store.read_cell, as the run reads the cell (claim_and_run): a dry run must say what
+    # the run then does, e.g. retrain a trained cell whose config.yaml is missing.
+    stored = store.read_cell(cell)
+    existing = stored.record
     if existing is None:
+        if stored.problem:
+            return RETRY, stored.problem
         return (NOT_APPLICABLE, not_applicable) if not_applicable else (TRAIN, "")
     if existing.profile != profile:
         return CONFLICT, f"holds {existing.profile!r}-profile results"
@@ -57,8 +60,9 @@ def _decide(cell, profile: str, requested: dict, not_applicable: str | None) -> 
         return REUSE, f"n/a: {existing.reason}"
     if existing.status != store.STATUS_OK:
         return RETRY, f"last time {existing.status}: {existing.reason.splitlines()[0][:120]}"
-    stored = cell / "config.yaml"
-    differences = stored_config_differences(yaml.safe_load(stored.read_text()), requested) if stored.is_file() else []
+    if stored.problem:
+        return RETRY, stored.problem
+    differences = stored_config_differences(stored.config, requested)
     if differences:
         more = f"; {len(differences) - 2} more" if len(differences) > 2 else ""
         return CONFLICT, "trained with another configuration: " + "; ".join(differences[:2]) + more

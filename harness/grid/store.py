@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -204,6 +205,11 @@ def read_cell(directory: Path) -> StoredCell:
         return StoredCell(None, problem=f"its {RECORD} is damaged")
     if record.status != STATUS_OK:
         return StoredCell(record)
+    if record.score is None or not math.isfinite(record.score):
+        # The runner stores a non-finite test score as diverged; an ok record holding one
+        # (hand-edited, or from older code) is read as diverged by the tables, so it is
+        # trained again like a diverged cell rather than kept as a finished one.
+        return StoredCell(record, problem=f"its {RECORD} is ok but holds no finite score ({record.score})")
     config, problem = read_config(directory)
     # Without its config a trained cell cannot be checked against what is asked now
     # (check_consistency), so it must not be reused.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 
@@ -56,6 +58,22 @@ def test_dry_run_plans_every_cell_and_trains_nothing(tmp_path, capsys):
     assert "  train    imagenet · abspos · seed 0" in lines and "  train    modelnet40 · rope · seed 0" in lines
     assert "would do: 4 train, 1 retry, 1 reuse, 1 n/a, 1 conflict" in lines  # abspos has no 3-D table
     assert any(line.startswith("  n/a      modelnet40 · abspos · seed 0  (") for line in lines)
+
+
+def test_dry_run_says_retry_where_the_run_would_train_again(tmp_path, capsys):
+    """An ok record without its config.yaml, or holding no finite score, is retrained by the
+    run (store.read_cell): the dry run says retry with the reason, not reuse."""
+    _finished(tmp_path, "nopos")
+    (store.cell_dir(tmp_path, "imagenet", "nopos", 0) / "config.yaml").unlink()
+    _finished(tmp_path, "rope")
+    cell = store.cell_dir(tmp_path, "imagenet", "rope", 0)
+    store.write_record(cell, dataclasses.replace(store.read_record(cell), score=float("nan")))
+    assert not store.read_cell(cell).finished
+    code = main(["run", "--tasks", "imagenet", "--methods", "nopos,rope", "--out", str(tmp_path), "--dry-run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert "  retry    imagenet · nopos · seed 0  (its config.yaml is missing)" in lines
+    assert "  retry    imagenet · rope · seed 0  (its result.json is ok but holds no finite score (nan))" in lines
 
 
 def test_dry_run_plans_with_the_threads_the_executor_would_store(tmp_path, capsys):
