@@ -18,9 +18,14 @@ The tables follow the result matrix's rules (harness/reports/tables.py): a cell 
 seeds than its task asked for (the seeds any method of the task finished, failed or diverged
 on) shows ``(held/asked)``, and the missing seeds are named under the tables with why (failed,
 diverged, no usable checkpoint, not run); a cell with a seed trained in another configuration
-than its task's (tables.check_configs) is marked ``†``. Only complete cells of the task's
-configuration are ranked: the best printed value is bold (equal printed values share it), the
-next-best underlined, ranked by the printed one-decimal text itself.
+than its task's (tables.check_configs) is marked ``†``; a cell with a seed whose training stopped
+before its planned epochs (the record's ``cut_short``: trainer.max_time) is marked ``§``
+(tables.CUT_MARK) and the notes say how far each such seed got. A seed stored ``ok`` without a
+finite score is no trained seed (tables._scored): it is not evaluated and is named as missing
+(diverged), as the matrix counts it. Only complete cells (every seed asked for, each trained to
+the end of its schedule) of the task's configuration are ranked: the best printed value is bold
+(equal printed values share it), the next-best underlined, ranked by the printed one-decimal
+text itself.
 """
 
 from __future__ import annotations
@@ -76,9 +81,11 @@ class Cell:
 
 
 def _trained_cells(out: Path, task: str, methods: list[str] | None) -> Iterator[tuple[Cell, str]]:
-    """Every trained (ok) cell of ``task`` with why it cannot be evaluated ("" if it can)."""
+    """Every trained cell of ``task`` (ok with a finite score, as the matrix counts one:
+    tables._scored) with why it cannot be evaluated ("" if it can). A seed stored ok with a
+    non-finite score is none: the matrix counts it as diverged, and so does ``seed_context``."""
     for record in store.load_records(out):
-        if record.task != task or record.status != store.STATUS_OK:
+        if record.task != task or not tables._scored(record):
             continue
         if methods is not None and record.method not in methods:
             continue
@@ -210,15 +217,21 @@ def seed_context(out: Path, task: str, methods: list[str] | None, cells: list[Ce
     """What the tables need to know beyond the evaluated rows (``frame.attrs``), read as the
     result matrix reads it: ``asked``, the task's seeds asked for (those any method of the task
     finished, failed or diverged on, tables.asked_seeds); ``missing``, method -> seed -> why an
-    asked seed was not evaluated; ``outliers``, method -> seed -> how an evaluated cell's
+    asked seed was not evaluated (a seed stored ok without a finite score: diverged, naming the
+    score, as the matrix counts it); ``outliers``, method -> seed -> how an evaluated cell's
     configuration differs from its task's (tables.check_configs over every stored cell of the
-    task); ``ties``, whether no configuration is shared by most cells."""
+    task); ``cut_short``, method -> seed -> how far an evaluated seed whose training stopped
+    before its planned epochs got (the record's ``schedule_text``; marked ``§`` as in the
+    matrix); ``ties``, whether no configuration is shared by most cells."""
     results = tables.select_tasks(tables.load_results(out), [task])  # the cells evaluated hold records of it
     asked = tables.asked_seeds(results).get(task, [])
     check = tables.check_configs(results)
     evaluated = {(c.method, c.seed) for c in cells}
     status = {(r.method, r.seed): r.status for r in results.records}
     status.update({(m, s): store.STATUS_OK for _, m, s in results.incomplete})
+    for r in results.records:  # ok without a finite score: no trained seed (tables._scored)
+        if r.status == store.STATUS_OK and not tables._scored(r):
+            status[(r.method, r.seed)] = "no stored score" if r.score is None else f"diverged (stored score {r.score})"
     shown = [
         r.method for r in results.records if r.status != store.STATUS_NA and (methods is None or r.method in methods)
     ]
@@ -236,7 +249,17 @@ def seed_context(out: Path, task: str, methods: list[str] | None, cells: list[Ce
     for (_, method, seed), difference in check.outliers.items():
         if (method, seed) in evaluated:
             outliers.setdefault(method, {})[seed] = difference
-    return {"asked": asked, "missing": missing, "outliers": outliers, "ties": task in check.ties}
+    cut_short: dict[str, dict[int, str]] = {}
+    for r in results.records:
+        if (r.method, r.seed) in evaluated and tables._scored(r) and r.cut_short:
+            cut_short.setdefault(r.method, {})[r.seed] = r.schedule_text()
+    return {
+        "asked": asked,
+        "missing": missing,
+        "outliers": outliers,
+        "cut_short": cut_short,
+        "ties": task in check.ties,
+    }
 
 
 def _pivot(frame: pd.DataFrame, interpolate: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -259,9 +282,18 @@ def _outliers(frame: pd.DataFrame) -> dict[str, dict[int, str]]:
     return frame.attrs.get("outliers") or {}
 
 
+def _cut_short(frame: pd.DataFrame) -> dict[str, dict[int, str]]:
+    return frame.attrs.get("cut_short") or {}
+
+
+def _marks(method: str, frame: pd.DataFrame) -> str:
+    """`` †`` (another configuration) and `` §`` (a seed cut short), in the matrix's order."""
+    return (" †" if method in _outliers(frame) else "") + (f" {tables.CUT_MARK}" if method in _cut_short(frame) else "")
+
+
 def _suffixes(table: pd.DataFrame, held: pd.DataFrame, frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(text after each value: `` (held/asked)`` and `` †``; whether the cell may be ranked)."""
-    asked, outliers = len(_asked(frame)), _outliers(frame)
+    """(text after each value: `` (held/asked)``, `` †`` and `` §``; whether the cell may be ranked)."""
+    asked, unranked = len(_asked(frame)), {*_outliers(frame), *_cut_short(frame)}
     suffix = pd.DataFrame("", index=table.index, columns=table.columns)
     eligible = pd.DataFrame(False, index=table.index, columns=table.columns)
     for method in table.index:
@@ -270,8 +302,8 @@ def _suffixes(table: pd.DataFrame, held: pd.DataFrame, frame: pd.DataFrame) -> t
                 continue
             n = int(held.loc[method, column])
             text = f" ({n}/{asked})" if n < asked else ""
-            suffix.loc[method, column] = text + (" †" if method in outliers else "")
-            eligible.loc[method, column] = n >= asked and method not in outliers
+            suffix.loc[method, column] = text + _marks(method, frame)
+            eligible.loc[method, column] = n >= asked and method not in unranked
     return suffix, eligible
 
 
@@ -280,7 +312,7 @@ def _marked(table: pd.DataFrame, text: pd.DataFrame, eligible: pd.DataFrame) -> 
     matrix does (tables._emphasis): by the printed one-decimal value (format's rounding, not
     pandas' round, which differs next to a .x5: two cells printed alike got one bold, one
     underlined), equal printed values sharing the mark, only ``eligible`` (complete cells of
-    the task's configuration) ranked, and nothing marked with fewer than two of them."""
+    the task's configuration, no seed cut short) ranked, and nothing marked with fewer than two of them."""
     marked = text.copy()
     for column in table.columns:
         ranked = eligible[column].astype(bool) & table[column].notna()
@@ -332,7 +364,8 @@ def extrapolation_tables(frame: pd.DataFrame) -> dict[str, str]:
 
 def extrapolation_notes(frame: pd.DataFrame) -> list[str]:
     """The notes under every table: seeds asked for, the missing ones and why, the ranking
-    rule, and the cells of another configuration (†) with how they differ."""
+    rule, the cells of another configuration (†) with how they differ, and the seeds cut
+    short (§) with how far they got (as the matrix's notes, tables._notes)."""
     asked = _asked(frame)
     notes = [
         f"Mean over seeds; {len(asked)} seed(s) asked for ({', '.join(map(str, asked))}). "
@@ -350,9 +383,10 @@ def extrapolation_notes(frame: pd.DataFrame) -> list[str]:
     if parts:
         notes.append("Missing seeds: " + "; ".join(parts) + ".")
     notes.append(
-        "Only complete cells (every seed asked for) of the task's configuration are ranked: best bold (equal "
-        "printed values share it), next-best underlined; a cell with missing seeds (held/asked) or another "
-        "configuration (†) is never marked, whatever its value."
+        "Only complete cells (every seed asked for, each trained to the end of its schedule) of the task's "
+        "configuration are ranked: best bold (equal printed values share it), next-best underlined; a cell with "
+        f"missing seeds (held/asked), another configuration (†) or a seed cut short ({tables.CUT_MARK}) is never "
+        "marked, whatever its value."
     )
     outliers = _outliers(frame)
     if outliers:
@@ -360,6 +394,14 @@ def extrapolation_notes(frame: pd.DataFrame) -> list[str]:
             f"{method} seed {seed}: {why}" for method, seeds in outliers.items() for seed, why in sorted(seeds.items())
         ]
         notes.append("† another configuration than the rest of its task (not ranked): " + "; ".join(parts) + ".")
+    cut = _cut_short(frame)
+    if cut:
+        parts = [f"{method} seed {seed}: {how}" for method, seeds in cut.items() for seed, how in sorted(seeds.items())]
+        notes.append(
+            f"{tables.CUT_MARK} a seed whose training stopped before its planned epochs: the cell holds a shorter "
+            "schedule's checkpoint (not ranked; trainer.max_time stops training quietly and the best checkpoint so "
+            "far is evaluated): " + "; ".join(parts) + "."
+        )
     if frame.attrs.get("ties"):
         notes.append(
             "No configuration is shared by most cells of the task; the first one found is taken as the task's."
@@ -375,13 +417,13 @@ def plot(frame: pd.DataFrame, path: Path, title: str) -> None:
 
     plain = frame[~frame["interpolation"]]
     means = plain.groupby(["method", "resolution", "pixels"])["accuracy"].mean().reset_index()
-    asked, outliers = len(_asked(frame)), _outliers(frame)
+    asked = len(_asked(frame))
     held = plain.groupby("method")["seed"].nunique()
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, group in means.groupby("method"):
         group = group.sort_values("pixels")
         label = method + (f" ({held[method]}/{asked})" if held[method] < asked else "")
-        label += " †" if method in outliers else ""
+        label += _marks(method, frame)
         ax.plot(group["resolution"], group["accuracy"], marker="o", label=label)
     ax.set_xlabel("evaluation resolution")
     ax.set_ylabel("test accuracy (%)")
