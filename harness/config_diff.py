@@ -15,10 +15,14 @@ present in one file only is common. It is no difference only where that is prova
 Anything else one-sided (an unknown key, a free-form ``data`` or ``options`` key) differs.
 
 The ``effective`` section (how ``trainer``'s settings took effect where a cell ran: precision,
-compile and world size after ``auto`` resolved, grid/runner.py's ``effective_trainer``; and
+compile and world size after ``auto`` resolved, grid/runner.py's ``effective_trainer``, and
+since stop 71 the CPU threads it trained with, which ``trainer.threads: null`` leaves to the machine; and
 ``effective.data``, the versions that made the cell's data and metric, ``Task.data_fingerprint``)
 is compared key by key only between two files that both hold the key: a requested
-configuration has not run yet, and cells stored before a key existed do not say.
+configuration has not run yet, and cells stored before a key existed do not say. So is
+``resolved_options`` (every option of the cell's encoding, its defaults included, since stop
+71): ``options`` holds only the options given, and a default the code changed later would
+otherwise leave two trainings of ``pape`` looking alike; files from before it do not say.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ RESULT_NEUTRAL_KEYS = frozenset({"trainer.logger"})
 TYPED_SECTIONS = ("model", "optim", "trainer")
 ABSENT = object()  # a key the file does not hold
 EFFECTIVE = "effective"  # config.yaml's section of how the trainer's settings resolved
+#: config.yaml's section of every option the cell's encoding ran with, defaults included
+#: (``options`` holds only those given). Compared like ``effective``: where both files hold a
+#: key, so that a default changed in the code between two trainings is a difference.
+RESOLVED_OPTIONS = "resolved_options"
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -103,7 +111,8 @@ def config_differences(task: str, mine: dict[str, Any], theirs: dict[str, Any]) 
     differences = []
     for key in sorted(set(a) | set(b)):
         if (key in a) != (key in b) and (
-            key.startswith(f"{EFFECTIVE}.") or one_sided_is_no_change(task, key, a.get(key, b.get(key)))
+            key.startswith((f"{EFFECTIVE}.", f"{RESOLVED_OPTIONS}."))
+            or one_sided_is_no_change(task, key, a.get(key, b.get(key)))
         ):
             continue
         mine_value, their_value = a.get(key, ABSENT), b.get(key, ABSENT)

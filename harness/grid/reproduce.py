@@ -207,7 +207,7 @@ def reproduce_cell(
     result.rows = now_rows
     stored_rows = read_metrics(Path(directory) / METRICS_FILE) if expected_rows is None else expected_rows
     result.compared, result.differences = compare_rows(stored_rows, now_rows, epochs)
-    now_effective = effective_trainer(config)
+    now_effective = effective_trainer(config) | {"threads": now_env["torch_threads"]}
     if data_fingerprint := task.data_fingerprint():
         now_effective["data"] = data_fingerprint
     result.environment = environment_differences(stored_env, now_env)

@@ -36,7 +36,7 @@ from pe_bench.tasks import Task, get_task
 from ..attention import AUTO_ON_CUDA, set_attention_kernel
 from ..compile import compile_enabled, maybe_compile, trains_on_cuda
 from ..config import RunConfig, deep_merge, load_run_config, profile_section
-from ..config_diff import ABSENT, EFFECTIVE, config_differences
+from ..config_diff import ABSENT, EFFECTIVE, RESOLVED_OPTIONS, config_differences
 from ..module import DivergedError
 from ..reports.tables import write_extra_tables
 from . import ddp, store
@@ -444,6 +444,9 @@ def _train_into(
             effective = effective_trainer(config)
             result = _train_and_test(task, make_encoding, seed, staging, request.progress, run_name, request.out, cell)
             environment = store.environment()  # as the cell ran (threads included)
+            # trainer.threads null trains with the machine's count: CPU reductions sum in
+            # another order on another count, so the count that took effect is the setting
+            effective["threads"] = environment["torch_threads"]
             data = task.data_fingerprint()  # after training: the data exists now
             if data:
                 effective["data"] = data
@@ -480,15 +483,25 @@ def _train_into(
 
 
 def resolved_config(config: RunConfig, method: MethodSpec, options: dict) -> dict[str, Any]:
-    """What a cell ran with, as stored in its config.yaml."""
-    return config.model_dump(mode="json") | {"method": method.label, "encoding": method.name, "options": options}
+    """What a cell ran with, as stored in its config.yaml: ``options`` as given (what a cell is
+    rebuilt from) and ``resolved_options``, every option with the defaults of the code that
+    trained it (harness/config_diff.py)."""
+    resolved = EncodingFactory(method.name, options).validated().model_dump(mode="json")
+    return config.model_dump(mode="json") | {
+        "method": method.label,
+        "encoding": method.name,
+        "options": options,
+        RESOLVED_OPTIONS: resolved,
+    }
 
 
 def cell_setup(stored: dict[str, Any]) -> tuple[RunConfig, EncodingFactory]:
     """The inverse of ``resolved_config``: a stored config.yaml's run configuration and the
     encoding with the cell's own options (``effective`` is a record of how the trainer's
     settings took effect, not a setting)."""
-    resolved = {k: v for k, v in stored.items() if k not in ("method", "encoding", "options", EFFECTIVE)}
+    resolved = {
+        k: v for k, v in stored.items() if k not in ("method", "encoding", "options", RESOLVED_OPTIONS, EFFECTIVE)
+    }
     return RunConfig(**resolved), EncodingFactory(stored["encoding"], stored["options"])
 
 
@@ -534,8 +547,13 @@ def requested_run_config(request: GridRequest, task_name: str) -> RunConfig:
 def option_differences(stored: dict[str, Any], requested: dict[str, Any]) -> list[str]:
     """How a stored cell's own method options (config.yaml's ``options``) differ from those
     requested now, one line per key, by the rules of harness/config_diff.py (a key one side
-    lacks differs: an option's default may have changed since the cell was trained)."""
-    return _difference_lines(stored, requested, lambda c: {"options": c.get("options") or {}})
+    lacks differs: an option's default may have changed since the cell was trained; so do the
+    ``resolved_options`` both hold, which show a default the code changed)."""
+    return _difference_lines(stored, requested, _own_options)
+
+
+def _own_options(config: dict[str, Any]) -> dict[str, Any]:
+    return {key: config.get(key) or {} for key in ("options", RESOLVED_OPTIONS)}
 
 
 def _check_sibling_options(

@@ -53,18 +53,19 @@ import yaml
 
 from pe_bench.harness.grid import store
 
-from ..config_diff import ABSENT, EFFECTIVE, canonical, one_sided_is_no_change, result_keys
+from ..config_diff import ABSENT, EFFECTIVE, RESOLVED_OPTIONS, canonical, one_sided_is_no_change, result_keys
 from ..config_diff import config_differences as diff_configs
 from . import latex
 from .stats import paired_p_value, t_interval
 
 CONFIG = "config.yaml"
 # Keys of a cell's config that belong to its method, not to the task's setting.
-PER_METHOD_KEYS = ("method", "encoding", "options", "methods")
+PER_METHOD_KEYS = ("method", "encoding", "options", RESOLVED_OPTIONS, "methods")
 # The method's own settings, compared across the seeds of one (task, method) cell. ``options``
 # holds what the encoding ran with (the profile's ``methods.<encoding>`` merged with the
-# label's own); ``methods`` holds every encoding's, ``method``/``encoding`` are the cell's name.
-METHOD_OPTION_KEYS = ("options",)
+# label's own), ``resolved_options`` every option with the code's defaults (since stop 71);
+# ``methods`` holds every encoding's, ``method``/``encoding`` are the cell's name.
+METHOD_OPTION_KEYS = ("options", RESOLVED_OPTIONS)
 CUT_MARK = "§"  # a seed whose training stopped before its planned epochs (trainer.max_time)
 
 SUMMARY_COLUMNS = [

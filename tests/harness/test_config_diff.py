@@ -5,7 +5,7 @@ from __future__ import annotations
 from pe_bench.harness.config import load_run_config
 from pe_bench.harness.config_diff import ABSENT, config_differences, field_default
 from pe_bench.harness.grid.methods import parse_method
-from pe_bench.harness.grid.runner import resolved_config, stored_config_differences
+from pe_bench.harness.grid.runner import cell_setup, option_differences, resolved_config, stored_config_differences
 from pe_bench.harness.reports import tables
 
 
@@ -64,3 +64,17 @@ def test_runner_and_tables_agree_on_every_case():
         assert runner_keys == table_keys
     found = [[line.split(":")[0] for line in stored_config_differences(c, base)] for c in cases]
     assert found == [["model.retired_someday"], ["trainer.num_workers"], [], [], ["model.class_kernel"]]
+
+
+def test_a_default_the_code_changed_is_a_difference_where_both_files_hold_resolved_options():
+    """Reuse: ``options`` as given are equal ({}), the resolved ones differ in a default; a file
+    from before ``resolved_options`` existed cannot say and is not refused for it."""
+    current = _cell()
+    assert current["options"] == {} and current["resolved_options"]["base"] == 100.0
+    older_code = {**current, "resolved_options": {**current["resolved_options"], "base": 10.0}}
+    assert stored_config_differences(older_code, current) == ["resolved_options.base: 10.0 stored, 100.0 requested"]
+    assert option_differences(older_code, current) == ["resolved_options.base: 10.0 stored, 100.0 requested"]
+    before = {k: v for k, v in current.items() if k != "resolved_options"}
+    assert stored_config_differences(before, current) == [] and option_differences(before, current) == []
+    config, factory = cell_setup(current)  # a cell is rebuilt from its options as given
+    assert factory.options == {} and config.task == "coco"

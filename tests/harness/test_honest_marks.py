@@ -84,6 +84,22 @@ def test_a_method_whose_seeds_share_their_options_is_not_marked(tmp_path):
     assert "0.71 †" not in markdown and "seeds of one method" not in markdown and "**80.50 ± 0.71**" in markdown
 
 
+def test_seeds_trained_under_another_default_of_an_option_are_marked(tmp_path):
+    """``options`` holds only the options given: two seeds of plain ``rope`` trained before and
+    after the code changed rope's default base look alike there. ``resolved_options`` (every
+    option, defaults included) shows it; files written before it existed do not say."""
+    now = pe_runner.resolved_config(load_run_config("imagenet", "tiny", {}), parse_method("rope"), {})
+    assert now["options"] == {} and now["resolved_options"]["base"] == 100.0
+    older_code = {**now, "resolved_options": {**now["resolved_options"], "base": 10.0}}
+    before_the_section = {k: v for k, v in now.items() if k != "resolved_options"}
+    for seed, cfg in enumerate((now, now, older_code, before_the_section)):
+        stored(tmp_path, "imagenet", "rope", seed, 80.0 + seed, cfg=cfg)
+    check = tables.check_configs(tables.load_results(tmp_path))
+    assert check.outliers == {
+        ("imagenet", "rope", 2): "resolved_options.base=10.0 (seeds 0, 1: 100.0)"
+    }  # 3 does not say
+
+
 # --- the runner: a new seed with other options than the stored seeds -----------------------
 
 

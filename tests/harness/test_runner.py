@@ -200,7 +200,8 @@ def test_finished_cells_of_another_configuration_are_not_reused(tmp_path, capsys
     assert config["trainer"]["precision"] == "auto" and config["trainer"]["compile"] == "auto"
     assert config["trainer"]["attention_kernel"] == "auto"
     on_cpu = {"precision": "32-true", "compile": False, "attention_kernel": "dense", "world_size": 1}
-    assert config["effective"] == on_cpu
+    env = json.loads((store.cell_dir(tmp_path, "imagenet", "nopos", 0) / "env.json").read_text())
+    assert config["effective"] == on_cpu | {"threads": env["torch_threads"]}  # the count it trained with
     threads = torch.get_num_threads()
     wanted = 2 if threads == 1 else 1  # differs from the current setting, so the check can fail
     assert run(tmp_path, "rope", "--set", f"trainer.threads={wanted}") == 0
