@@ -46,6 +46,10 @@ def _confidence(text: str) -> float:
         level = float("nan")
     if not 0 < level < 100:
         raise argparse.ArgumentTypeError(f"--ci expects a confidence level in percent, like 95, got {text!r}")
+    if level <= 1:  # a fraction given where percent is read: a 0.95 % interval, narrower than any std
+        raise argparse.ArgumentTypeError(
+            f"--ci {text} would be a {level:g} % interval: the level is in percent, e.g. --ci {level * 100:g}"
+        )
     return level / 100
 
 

@@ -76,6 +76,9 @@ def test_table_options_reach_the_tables(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["table", "--out", str(tmp_path), "--ci", "150"])
     assert exit_info.value.code == 2 and "confidence level in percent, like 95" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # a fraction where percent is read
+        main(["table", "--out", str(tmp_path), "--ci", "0.95"])
+    assert exit_info.value.code == 2 and "would be a 0.95 % interval" in capsys.readouterr().err
     assert main(["table", "--out", str(tmp_path), "--alpha", "5"]) == 2
     assert "--alpha must lie between 0 and 1" in capsys.readouterr().err
 
