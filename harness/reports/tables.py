@@ -841,21 +841,73 @@ def render_extra_table(frame: pd.DataFrame) -> str:
 
 
 def extra_tables(results: StoredResults | Iterable[store.CellRecord]) -> dict[str, pd.DataFrame]:
-    """Every task's own tables (``Task.extra_tables``) by name, from the cells the matrix
-    ranks its means from: finished, with a finite score, of their task's configuration (no
-    ``†`` seed), trained to the end of their schedule (no ``§`` seed; a cell left out as
-    incomplete is not in ``results``). A table that several
-    tasks share appears once."""
+    """Every task's own tables (``Task.extra_tables``) by name, from the seeds the matrix
+    averages: every finished seed with a finite score (a cell left out as incomplete is not in
+    ``results``), a ``†`` or ``§`` seed included and marked, as in the matrix. A table with
+    ``task``, ``method`` and ``seeds`` columns (rows of result-matrix cells; ``seeds``: how many
+    of the cell's seeds a row averages) follows the matrix's rules (README "Honest tables"):
+    ``seeds`` reads ``held/asked`` where it holds fewer than asked, with the cell's ``†`` and
+    ``§``, and the title carries the matrix's notes on those cells (seeds asked for, the missing
+    ones and why, the ``†`` keys, the ``§`` schedules). Until stop 71 the bins table dropped
+    ``†`` and ``§`` seeds and showed the rest unmarked: another seed set than the matrix's,
+    read as complete. A table that several tasks share appears once."""
     from pe_bench.tasks import get_task, implemented
 
     results = as_results(results)
-    outliers = check_configs(results).outliers
-    finished = [r for r in results.records if _scored(r) and _key(r) not in outliers and not r.cut_short]
+    finished = [r for r in results.records if _scored(r)]
     tables: dict[str, pd.DataFrame] = {}
     for name in sorted({r.task for r in finished} & set(implemented())):
         for table_name, frame in get_task(name).extra_tables(finished).items():
-            tables.setdefault(table_name, frame)
+            if table_name not in tables:
+                tables[table_name] = _as_the_matrix_shows(frame, results)
     return tables
+
+
+def _as_the_matrix_shows(frame: pd.DataFrame, results: StoredResults) -> pd.DataFrame:
+    """``frame`` with each row's ``seeds`` as the matrix shows its cell (``held/asked``, ``†``,
+    ``§``) and the matrix's notes under its title; a table without ``task``, ``method`` and
+    ``seeds`` columns unchanged. No ``‡``: a row shows its own spread, column by column."""
+    if frame.empty or not {"task", "method", "seeds"} <= set(frame.columns):
+        return frame
+    results = select_tasks(results, list(dict.fromkeys(frame["task"])))
+    check = check_configs(results)
+    stats = summary(results, check=check, spread_limit=math.inf)
+    cells = stats.set_index(["task", "method"])
+    texts, fewer = [], {}
+    for task, method, held in zip(frame["task"], frame["method"], frame["seeds"], strict=True):
+        cell, held = cells.loc[(task, method)], int(held)
+        text = str(held) if held >= cell["asked"] else f"{held}/{int(cell['asked'])}"
+        texts.append(text + ("" if cell["config_ok"] else " †") + (f" {CUT_MARK}" if cell["cut_short"] else ""))
+        if held < cell["n"]:
+            fewer[(task, method)] = (min(held, fewer.get((task, method), (held,))[0]), int(cell["n"]))
+    shown = frame.copy()
+    shown["seeds"] = texts
+    rows = set(zip(frame["task"], frame["method"], strict=True))
+    ranking = _ranking_note(False, False, ALPHA)
+    notes = [note for note in _notes(results, stats, check, False, False, ALPHA, False, math.inf) if note != ranking]
+    notes.insert(
+        1,
+        "Each row: mean ± std over the seeds its result-matrix cell averages (a † or § seed included, as there); "
+        "seeds: how many, held/asked where fewer than asked, with the cell's marks. Nothing is ranked: a row with "
+        "missing seeds, another configuration (†) or a seed cut short (§) does not compare with the complete, "
+        "unmarked ones.",
+    )
+    if fewer:
+        notes.append(
+            "Fewer seeds than the matrix's cell (its other finished seeds stored no numbers for this table): "
+            + "; ".join(f"{task}/{method} {held} of {n}" for (task, method), (held, n) in fewer.items())
+            + "."
+        )
+    absent = [
+        f"{task}/{method} {_value_text(cell, None) if cell['n'] == 0 else 'none of its seeds stored these numbers'}"
+        for (task, method), cell in cells.iterrows()
+        if (task, method) not in rows
+    ]
+    if absent:
+        notes.append("No row: " + "; ".join(absent) + ".")
+    title = frame.attrs.get("title")
+    shown.attrs = {**frame.attrs, "title": "\n\n".join([title, *notes] if title else notes)}
+    return shown
 
 
 def write_extra_tables(out: Path, results: StoredResults | Iterable[store.CellRecord] | None = None) -> list[str]:

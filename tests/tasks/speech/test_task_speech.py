@@ -257,10 +257,12 @@ def test_the_bins_table_is_written_by_the_application_from_the_task_frame(tmp_pa
     assert "WER all_mean" in (tmp_path / "bins.csv").read_text()
 
 
-def test_the_bins_table_holds_the_cells_the_matrix_ranks(tmp_path):
-    """A finished cell the matrix leaves out (no config.yaml) or marks † (another
-    configuration) is not averaged into the task's bins either (until stop 61 the bins came
-    from every stored record: one folder gave other bins with and without ``--tasks``)."""
+def test_the_bins_table_holds_the_seeds_the_matrix_averages(tmp_path):
+    """A finished cell the matrix leaves out (no config.yaml) is not averaged into the task's
+    bins either (until stop 61 the bins came from every stored record: one folder gave other
+    bins with and without ``--tasks``); one the matrix averages and marks † (another
+    configuration) is averaged and marked here too (from stop 61 to 71 it was dropped, and the
+    row read as complete and unmarked, from other seeds than the matrix's)."""
     import yaml
 
     from pe_bench.harness.reports.tables import write_extra_tables
@@ -278,7 +280,9 @@ def test_the_bins_table_holds_the_cells_the_matrix_ranks(tmp_path):
         store.write_record(cell, store.CellRecord("wsj", "cape", seed, "tiny", "ok", score=50.0))
         (cell / "config.yaml").write_text(yaml.safe_dump({"task": "wsj", "method": "cape", "optim": {"epochs": 2}}))
     [markdown] = write_extra_tables(tmp_path)
-    assert "| wsj    | rope     | test       | 2       | 30.0 ± 14.1" in markdown
+    assert "| wsj    | rope     | test       | 3/6 †   | 50.0 ± 36.1" in markdown
+    assert "wsj/rope/seed3: optim.epochs=5 (others: 2)" in markdown
+    assert "Left out, incomplete cell: wsj/rope/seed2 (no config.yaml)." in markdown
 
 
 @pytest.mark.parametrize("edges", [[], [2.0]])
