@@ -37,6 +37,24 @@ most 1.5e-3 (mean 2e-5), 256 by 1.1e-3 (mean 7e-6), 512 by 9e-5. Until stop 61 t
 held tanh(s f) instead, which turns steeply near the pole at the corner: 20-200x the error
 (256: up to 0.11 at 24 x 24).
 
+``span``: the paper's text has lost Eq. 2's symbols; it names alpha, beta "adjustable scaling
+factors" and omega_1, omega_2 "the real half-period and imaginary half-period", read here as
+z = alpha omega_1 x + i beta |omega_2| y (``span="half"``, the default: every shipped record
+ran it). The paper's own sensitivity tables (Section III-F, a 14 x 14 patch grid) fit the
+other reading, z spanning alpha of the whole period 2 omega (``span="full"``), measured here
+(tests/adapters/test_enc_wepe.py, the correlation between patch distance and 1 - cosine
+similarity of the compressed features, alpha = beta swept 0.2 ... 1.2):
+
+    paper (Table "lattice scaling")   .613 .625 .620 .513 .347 .089
+    span="full"                       .627 .621 .589 .507 .368 .078
+    span="half"                       .612 .627 .615 .621 .631 .589
+
+and the share of features below 0.02 over the tanh scale s = 0.01 ... 0.5 (paper 84.8 / 43.0 /
+20.9 / 11.6 / 5.9 / 3.6 %): "full" 81.5 / 37.6 / 17.1 / 10.8 / 4.6 / 3.6, "half" 35.3 / 6.6 /
+4.3 / 3.1 / 1.8 / 1.8. What neither reading reproduces: the paper's mean |feature| at the
+defaults, 0.106 ("full" 0.190, "half" 0.506), and its saturated share, 1.91 % ("full": 3.6 %
+above 0.99); so Eq. 2 is not settled, and ``span`` stays an option until it is.
+
 CLS: the paper gives the classification token "a separate learnable encoding". This is
 the one place the protocol's position-free CLS is satisfied by a dedicated embedding, not
 a position: every token without a position (CLS, registers) receives the same learned
@@ -75,6 +93,10 @@ class WePEOptions(EncodingOptions):
     mode: Literal["direct", "lut"] = "direct"
     lut_size: int = Field(256, ge=2)
     init_std: float = Field(0.02, ge=0.0)
+    # How far alpha and beta are measured along the lattice (see the module docstring's "span"):
+    # "half": z = alpha omega_1 x (+ i beta |omega_2| y), Eq. 2 as its text reads; "full":
+    # twice that, alpha of the whole period, which reproduces the paper's Section III-F sweeps.
+    span: Literal["half", "full"] = "half"
 
 
 def inverse_softplus(value: float) -> float:
@@ -198,7 +220,8 @@ class WeierstrassPE(PositionEncoding):
         opts = self.options
         omega1, omega2 = self.half_periods()
         lattice = lattice_points(omega1, omega2, opts.num_terms)
-        z = opts.alpha * omega1 * x.to(torch.float32) + opts.beta * omega2 * y.to(torch.float32)
+        reach = 2.0 if opts.span == "full" else 1.0  # periods 2 omega: "full" spans alpha of one
+        z = reach * (opts.alpha * omega1 * x.to(torch.float32) + opts.beta * omega2 * y.to(torch.float32))
         wp, dwp, near_pole = weierstrass(z, lattice, opts.pole_eps)
         raw = torch.stack([wp.real, wp.imag, dwp.real, dwp.imag], dim=-1)
         # Section II-B: a point near a pole takes a large constant instead of the sum.

@@ -153,3 +153,57 @@ def test_lut_cache_follows_parameters() -> None:
         enc.omega2_raw.add_(0.3)  # in-place, as an optimiser step
         second = enc.lut()
     assert second is not first and not torch.allclose(second, first)
+
+
+# --- the paper's Section III-F sensitivity tables: which reading of Eq. 2 they fit ---------------
+PAPER_ALPHA_SWEEP = {0.2: 0.613, 0.4: 0.625, 0.6: 0.620, 0.8: 0.513, 1.0: 0.347, 1.2: 0.089}  # distance corr.
+PAPER_NEAR_ZERO = {0.01: 84.82, 0.05: 42.98, 0.1: 20.92, 0.15: 11.61, 0.3: 5.87, 0.5: 3.57}  # % by tanh scale
+
+
+def _paper_grid_features(**options) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compressed features (196, 4) of a 14 x 14 patch grid (the paper's ViT at 224² / 16), and
+    the patches' normalised centres (196, 2)."""
+    encoding = build("wepe", Geometry(pos_dim=2, grid_shape=(14, 14), num_prefix_tokens=0), DIM, HEADS, 1, options)
+    rows, cols = torch.meshgrid(torch.arange(14.0), torch.arange(14.0), indexing="ij")
+    x, y = (cols.flatten() + 0.5) / 14, (rows.flatten() + 0.5) / 14
+    with torch.no_grad():
+        return encoding.field(x, y).double(), torch.stack([x, y], -1).double()
+
+
+def _distance_correlation(features: torch.Tensor, centres: torch.Tensor) -> float:
+    """Pearson's r over all patch pairs between their distance and 1 - the cosine similarity of
+    their features (Section III-F's "positional-encoding dissimilarity")."""
+    unit = features / features.norm(dim=-1, keepdim=True)
+    pairs = torch.triu_indices(len(centres), len(centres), 1)
+    distance = torch.cdist(centres, centres)[pairs[0], pairs[1]]
+    dissimilarity = (1 - unit @ unit.T)[pairs[0], pairs[1]]
+    return torch.corrcoef(torch.stack([distance, dissimilarity]))[0, 1].item()
+
+
+def test_full_span_fits_the_papers_alpha_sweep_and_half_span_does_not() -> None:
+    """The text of Eq. 2 is lost; the paper's sweep of alpha = beta is reproduced by z spanning
+    alpha of the whole period (span="full") within 0.04 everywhere, while the half-period
+    reading keeps its distance decay where the paper's collapses (alpha >= 1)."""
+    for alpha, paper in PAPER_ALPHA_SWEEP.items():
+        full = _distance_correlation(*_paper_grid_features(alpha=alpha, beta=alpha, span="full"))
+        assert abs(full - paper) < 0.04, (alpha, full, paper)
+    half = _distance_correlation(*_paper_grid_features(alpha=1.2, beta=1.2, span="half"))
+    assert half - PAPER_ALPHA_SWEEP[1.2] > 0.4  # the check can fail: half keeps r ~ 0.59
+
+
+def test_full_span_fits_the_papers_near_zero_share_by_tanh_scale() -> None:
+    """Share of compressed features below 0.02 at alpha = beta = 0.4 for each tanh scale s."""
+    for scale, paper in PAPER_NEAR_ZERO.items():
+        features, _ = _paper_grid_features(tanh_scale=scale, span="full")
+        share = 100 * (features.abs() < 0.02).double().mean().item()
+        assert abs(share - paper) < 7.0, (scale, share, paper)
+    features, _ = _paper_grid_features(tanh_scale=0.01, span="half")
+    assert PAPER_NEAR_ZERO[0.01] - 100 * (features.abs() < 0.02).double().mean().item() > 40
+
+
+def test_span_doubles_the_reach_of_alpha() -> None:
+    """span="full" at alpha is span="half" at 2 alpha (the same z), in both modes."""
+    for mode in ("direct", "lut"):
+        full, _ = _paper_grid_features(alpha=0.3, beta=0.2, span="full", mode=mode)
+        half, _ = _paper_grid_features(alpha=0.6, beta=0.4, span="half", mode=mode)
+        torch.testing.assert_close(full, half)
