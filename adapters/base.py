@@ -84,6 +84,10 @@ class PositionLayout:
     coords:     (B, N, P) float positions. Entries of tokens without position are ignored.
     has_pos:    (B, N) bool, False for CLS/register tokens: they must stay position-free.
     valid:      (B, N) bool key-padding mask, False for padding; None when nothing is padded.
+                Padding's coordinates must be finite (their values are otherwise free): the
+                encodings zero coordinates by ``has_pos``, so a loader that marks padding with
+                NaN must give it has_pos False too (PaPE's efficient form turned every real
+                token's output into NaN from a NaN padding key with has_pos True; stop 71).
     grid_shape: the current grid of the positioned tokens (row-major after the prefix
                 tokens), or None for irregular positions.
 
