@@ -67,6 +67,9 @@ Differences from the release. The release stores the bias in bfloat16 (distances
 to 8 significant bits) and masks with -finfo(bfloat16).max; pe-bench computes in the
 dtype of its buffers (float32, or float64 after ``.double()``) and masks with -inf. The
 release's CLS token gets a zero bias row and column (unbiased, never masked), as here.
+(Under 16-bit autocast the attention core casts a dense bias to q's dtype, so there the
+dense path rounds the distances to bf16 as the release does; the FlexAttention path adds
+the bias in the score's dtype.)
 pe-bench computes the masks from the layout's coordinates rather than grid indices, so
 they also hold for interpolated (scaled) positions; tokens without a position (CLS) get
 no bias and no mask (padding keys are masked by the attention core). No row is ever left
