@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import model_validator
@@ -25,7 +25,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
 
 from pe_bench.adapters import EncodingFactory, Geometry
-from pe_bench.harness.config import Strict
+from pe_bench.harness.config import ConfigError, RunConfig, Strict
 from pe_bench.harness.data import SplitDataModule, cache_root, package_version
 
 from .._shared.data_checks import DataReport, scan_files
@@ -126,6 +126,18 @@ class Translation(Task):
     score_scale = 1.0  # sacrebleu already reports 0-100
     DataConfig = TranslationDataConfig
     data: TranslationDataConfig
+    #: the language pair the task names (wmt14-en-fr: ("en", "fr")); None: any (a plug-in's).
+    languages: ClassVar[tuple[str, str] | None] = None
+
+    def __init__(self, config: RunConfig, data_root: Path | None = None) -> None:
+        super().__init__(config, data_root)
+        pair = (self.data.src_lang, self.data.tgt_lang)
+        if self.languages is not None and pair != self.languages:
+            # until stop 71 the tiny wmt14-en-fr profile set no tgt_lang and trained on German
+            raise ConfigError(
+                f"{config.task}/{config.profile}: data translates {pair[0]}->{pair[1]}, but {self.name} is "
+                f"{self.languages[0]}->{self.languages[1]}: set data.src_lang/tgt_lang in its profile to those"
+            )
 
     def geometry(self) -> Geometry:
         return Geometry(pos_dim=1, grid_shape=(self.data.max_positions,), units="token", num_prefix_tokens=0)
@@ -237,8 +249,10 @@ _TINY = "English->{} sentences built from num2words and Babel (numbers, dates, c
 class WMT14EnDe(Translation):
     name = "wmt14-en-de"
     tiny_standin = _TINY.format("German")
+    languages = ("en", "de")
 
 
 class WMT14EnFr(Translation):
     name = "wmt14-en-fr"
     tiny_standin = _TINY.format("French")
+    languages = ("en", "fr")

@@ -53,6 +53,19 @@ def test_paper_profile_checks_the_data_root_before_training(tmp_path: Path) -> N
         task.check_data()
 
 
+def test_each_wmt_task_translates_into_its_own_language(tmp_path: Path) -> None:
+    """Until stop 71 the tiny wmt14-en-fr profile set no tgt_lang: its "French" column trained
+    and tested on en-de's German corpus. A profile whose pair is not the task's is an error."""
+    from pe_bench.harness.config import ConfigError, load_run_config
+    from pe_bench.tasks import get_task
+
+    for task, lang in (("wmt14-en-de", "de"), ("wmt14-en-fr", "fr")):
+        for profile in ("tiny", "paper"):
+            assert get_task(task)(load_run_config(task, profile), tmp_path).data.tgt_lang == lang
+    with pytest.raises(ConfigError, match="data translates en->de, but wmt14-en-fr is en->fr"):
+        get_task("wmt14-en-fr")(load_run_config("wmt14-en-fr", "tiny", {"data": {"tgt_lang": "de"}}), tmp_path)
+
+
 def test_tiny_french_corpus() -> None:
     pairs = build_pairs(20, seed=1, tgt="fr")
     assert all(fr and fr != en for en, fr in pairs)
