@@ -90,6 +90,29 @@ class OptimConfig(Strict):
     # Learning rate of the position-indexed tables (abspos, relpos, SaPE², CoPE) relative to
     # ``lr`` (see harness/module.py parameter_groups); 1 = the papers' setting.
     table_lr_scale: float = Field(1.0, ge=0.0)
+    # The schedule (harness/module.py learning_rate_schedule; README, Schedules). "onecycle":
+    # torch's OneCycleLR, the warm-up from lr/25 and the decay to lr/25e4 both cosine-shaped,
+    # and with ``cycle_momentum`` (null: true) Adam's beta1 cycled 0.95 -> 0.85 (at the peak
+    # lr) -> 0.95 in place of betas[0] (torch's default, which every shipped record trained
+    # with: their betas[0] was never used). "warmup_cosine": the official PaPE code's
+    # (pape/lr_schedule.py): linear warm-up from 0, half-cosine decay to ``final_lr``, betas
+    # constant.
+    schedule: Literal["onecycle", "warmup_cosine"] = "onecycle"
+    cycle_momentum: bool | None = None  # onecycle only: false keeps beta1 at betas[0]
+    final_lr: float = Field(0.0, ge=0.0)  # warmup_cosine only: the lr of the last step
+
+    @model_validator(mode="after")
+    def _schedule_keys_apply(self) -> OptimConfig:
+        if self.schedule == "warmup_cosine" and self.cycle_momentum:
+            raise ValueError("optim.cycle_momentum is onecycle's: warmup_cosine keeps betas constant")
+        if self.schedule == "onecycle" and self.final_lr:
+            raise ValueError(
+                "optim.final_lr applies to schedule warmup_cosine; onecycle decays to lr / 25e4 "
+                "(set optim.schedule=warmup_cosine)"
+            )
+        if self.final_lr > self.lr:
+            raise ValueError(f"optim.final_lr {self.final_lr} exceeds optim.lr {self.lr}")
+        return self
 
 
 # What ``lightning.Trainer(precision=...)`` accepts (its full names and short aliases), plus

@@ -1,7 +1,7 @@
 """The training module every task builds on, and the classification module of the patch tasks.
 
 :class:`TaskModule` owns what is the same for every task: AdamW (Adam for some tasks) with a
-OneCycle schedule (linear warm-up, cosine decay), no weight decay on biases, norms and
+warm-up and cosine schedule (``learning_rate_schedule``), no weight decay on biases, norms and
 positional tables (the usual ViT practice), the divergence guard, the ``train/loss`` log and
 the ``extra_results`` hook. A task's module adds its loss (:meth:`TaskModule.training_loss`)
 and its evaluation (validation/test steps, metrics logged as ``val/<metric>`` and
@@ -11,6 +11,7 @@ tasks: label smoothing, optional batch-level MixUp/CutMix, optional test-time au
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -112,18 +113,49 @@ class TaskModule(L.LightningModule):
         groups = parameter_groups(self.model, optim.weight_decay, optim.lr, optim.table_lr_scale)
         opt_cls = torch.optim.AdamW if optim.optimizer == "adamw" else torch.optim.Adam
         optimizer = opt_cls(groups, lr=optim.lr, betas=optim.betas)
-        # OneCycle needs a warm-up phase of more than one step and a decay phase after it; very
-        # short runs (tests, smoke runs) are padded to 3 scheduled steps (a run may stop earlier).
-        total = max(int(self.trainer.estimated_stepping_batches), 3)
-        warmup = min(max(optim.warmup_epochs / max(optim.epochs, 1), 1.5 / total), 0.5)
-        schedule = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer,
-            max_lr=[group["lr"] for group in groups],
-            total_steps=total,
-            pct_start=warmup,
-            anneal_strategy="cos",
-        )
+        schedule = learning_rate_schedule(optimizer, optim, int(self.trainer.estimated_stepping_batches))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def learning_rate_schedule(
+    optimizer: torch.optim.Optimizer, optim: OptimConfig, steps: int
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """``optim.schedule`` over ``steps`` optimiser steps, stepped once per step; every group
+    keeps its own peak lr (the position tables' ``table_lr_scale``).
+
+    * onecycle: torch's OneCycleLR as every shipped record trained: cosine-shaped warm-up
+      from lr/25 and decay to lr/25e4, and (``cycle_momentum``, torch's default) beta1 moved
+      0.95 -> 0.85 -> 0.95 against the lr in place of betas[0]. It needs a warm-up of more
+      than one step and a decay after it: very short runs (tests, smoke runs) are padded to 3
+      scheduled steps, and the warm-up is capped at half the run.
+    * warmup_cosine: the official PaPE code's (DTU-PAS/parabolic-position-encoding,
+      pape/lr_schedule.py, after MAE's): the lr rises linearly from 0 over the warm-up and
+      falls on a half cosine to ``final_lr`` (scaled with each group's peak) at the last
+      step; betas stay as configured.
+    """
+    total = max(steps, 3)
+    fraction = optim.warmup_epochs / max(optim.epochs, 1)
+    peaks = [group["lr"] for group in optimizer.param_groups]
+    if optim.schedule == "onecycle":
+        return torch.optim.lr_scheduler.OneCycleLR(
+            optimizer,
+            max_lr=peaks,
+            total_steps=total,
+            pct_start=min(max(fraction, 1.5 / total), 0.5),
+            anneal_strategy="cos",
+            cycle_momentum=optim.cycle_momentum is not False,
+        )
+    warmup = round(fraction * total)
+    floor = optim.final_lr / optim.lr
+
+    def factor(step: int) -> float:
+        k = step + 1  # the optimiser step this lr is for, counted from 1 as the official code does
+        if k < warmup:
+            return k / warmup
+        progress = (k - warmup) / max(total - warmup, 1)
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, [factor] * len(peaks))
 
 
 class ClassificationModule(TaskModule):

@@ -165,3 +165,70 @@ def test_train_loss_is_the_mean_weighted_by_batch_size_and_the_schedule_is_one_c
     assert [g["weight_decay"] for g in optimizer.param_groups] == [OPTIM.weight_decay, 0.0]
     schedule = trainer.lr_scheduler_configs[0]
     assert isinstance(schedule.scheduler, torch.optim.lr_scheduler.OneCycleLR) and schedule.interval == "step"
+
+
+def _lr_and_beta1(optim: OptimConfig, steps: int) -> list[tuple[float, float]]:
+    """(lr, beta1) of the first parameter group at each of ``steps`` optimiser steps."""
+    from pe_bench.harness.module import learning_rate_schedule
+
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=optim.betas)
+    schedule = learning_rate_schedule(optimizer, optim, steps)
+    seen = []
+    for _ in range(steps):
+        seen.append((optimizer.param_groups[0]["lr"], optimizer.param_groups[0]["betas"][0]))
+        optimizer.step()
+        schedule.step()
+    return seen
+
+
+def test_onecycle_cycles_beta1_in_place_of_betas0_as_the_records_trained():
+    """torch's OneCycleLR default (every shipped record): beta1 0.95 -> 0.85 at the peak -> 0.95,
+    betas[0] never used; cycle_momentum=false keeps it."""
+    optim = OptimConfig(lr=1e-3, epochs=10, batch_size=1, warmup_epochs=2, betas=(0.9, 0.999))
+    seen = _lr_and_beta1(optim, 100)
+    lrs, betas = [lr for lr, _ in seen], [b for _, b in seen]
+    peak = lrs.index(max(lrs))
+    assert lrs[0] == pytest.approx(1e-3 / 25) and max(lrs) == pytest.approx(1e-3, rel=1e-3)
+    assert betas[0] == pytest.approx(0.95) and betas[peak] == pytest.approx(0.85, abs=1e-3)
+    assert 0.9 not in betas and betas[-1] == pytest.approx(0.95, abs=1e-3)
+    kept = _lr_and_beta1(optim.model_copy(update={"cycle_momentum": False}), 100)
+    assert {b for _, b in kept} == {0.9} and [lr for lr, _ in kept] == lrs
+
+
+def test_warmup_cosine_is_the_official_pape_schedule():
+    """pape/lr_schedule.py: lr = peak * k / warmup for optimiser step k < warmup, then
+    final + (peak - final) * (1 + cos(pi * (k - warmup) / (total - warmup))) / 2; betas constant."""
+    import math
+
+    peak, final, total, warmup = 1e-3, 1e-5, 50, 5
+    optim = OptimConfig(lr=peak, epochs=10, batch_size=1, warmup_epochs=1, schedule="warmup_cosine", final_lr=final)
+    seen = _lr_and_beta1(optim, total)
+    for k, (lr, beta1) in enumerate(seen, start=1):
+        if k < warmup:
+            expected = peak * k / warmup
+        else:
+            expected = final + (peak - final) * 0.5 * (1 + math.cos(math.pi * (k - warmup) / (total - warmup)))
+        assert lr == pytest.approx(expected, rel=1e-9) and beta1 == 0.9
+    assert seen[warmup - 1][0] == pytest.approx(peak) and seen[-1][0] == pytest.approx(final)
+
+
+def test_schedule_keys_that_do_not_apply_are_errors():
+    with pytest.raises(ValueError, match="final_lr applies to schedule warmup_cosine"):
+        OptimConfig(lr=1e-3, epochs=1, batch_size=1, final_lr=1e-6)
+    with pytest.raises(ValueError, match="cycle_momentum is onecycle's"):
+        OptimConfig(lr=1e-3, epochs=1, batch_size=1, schedule="warmup_cosine", cycle_momentum=True)
+    with pytest.raises(ValueError, match="exceeds optim.lr"):
+        OptimConfig(lr=1e-3, epochs=1, batch_size=1, schedule="warmup_cosine", final_lr=1e-2)
+
+
+def test_the_pape_paper_profiles_run_the_official_schedule_and_baselines():
+    """PaPE's five tasks with public code (DTU-PAS/parabolic-position-encoding train.py and
+    configs.py): warm-up and cosine to its final_lr, RoPE base 10,000 and RoPE-Mixed 100; the
+    tiny profiles keep OneCycle, as their records trained."""
+    finals = {"imagenet": 0.0, "coco": 0.0, "ucf101": 0.0, "dvsgesture": 5e-7, "gen1": 1e-6}
+    for task, final in finals.items():
+        paper = load_run_config(task, "paper")
+        assert (paper.optim.schedule, paper.optim.final_lr) == ("warmup_cosine", final)
+        assert paper.methods["rope"] == {"base": 10000.0} and paper.methods["rope-mixed"] == {"base": 100.0}
+        assert load_run_config(task, "tiny").optim.schedule == "onecycle"
