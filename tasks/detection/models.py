@@ -33,7 +33,10 @@ class DetectionModelConfig(ModelConfig):
 
     neck_dim: int = 256  # channels of the pyramid levels and the heads (ViTDet: 256)
     reg_max: int = 16  # bins of each box side's distance distribution (YOLOv8: 16)
-    max_detections: int = 100  # per image at evaluation (COCO's AP counts the best 100)
+    # per image at evaluation. At most COCO's 100: pycocotools caps 100 per image and class, not
+    # per image, so more would let an image score more than COCO's AP counts (an audit fed it
+    # 150 exact boxes of two classes and got AP 1.0)
+    max_detections: int = Field(100, ge=1, le=100)
     # Spatial kernels of the neck's second projection (ViTDet: 3) and of the class branch's
     # depthwise convolutions (YOLOv10: 3). 1 makes the path from the backbone to the class
     # scores pointwise, so that every relation between positions it uses comes from the

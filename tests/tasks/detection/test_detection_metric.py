@@ -69,3 +69,13 @@ def test_the_size_rule_is_prophesees_on_arrays_and_tensors():
     expected = [True, False, False, True, False, True]  # diagonal 30 exactly is kept, as diag² >= 30²
     assert rule.keep(np.array(boxes, dtype=np.float32)).tolist() == expected
     assert rule.keep(torch.tensor(boxes)).tolist() == expected
+
+
+def test_more_detections_per_image_than_coco_counts_is_a_config_error() -> None:
+    """pycocotools keeps 100 per image and class, so 150 detections of two classes would all
+    be scored: the head's per-image cap may not exceed COCO's 100."""
+    from pe_bench.harness.config import ConfigError, load_run_config
+
+    assert load_run_config("coco", "tiny").model.max_detections == 100
+    with pytest.raises(ConfigError, match="model.max_detections: Input should be less than or equal to 100"):
+        load_run_config("coco", "tiny", {"model": {"max_detections": 150}})
