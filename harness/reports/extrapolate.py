@@ -44,6 +44,7 @@ from pe_bench.harness.grid import store
 from pe_bench.harness.grid.runner import cell_setup
 from pe_bench.tasks import get_task
 
+from ..config_diff import canonical
 from . import tables
 
 
@@ -171,7 +172,9 @@ def evaluate_grid(
     cells, left_out = evaluable_cells(out, task_name, methods)
     for line in left_out:
         say(f"  left out, no usable checkpoint: {line}")
-    test_sets: dict[tuple[int, int], object] = {}
+    # one test set per resolution and data configuration: a cell trained on other data (held-out
+    # placements, noise, classes; marked †) is scored on its own, not on the first cell's
+    test_sets: dict[tuple[tuple[int, int], str], object] = {}
     rows = []
     for cell in cells:
         task, model, encoding = load_cell(cell.directory, data_root)
@@ -186,9 +189,10 @@ def evaluate_grid(
                 # A test set made at another resolution may differ (tiny data is regenerated).
                 test_set = data.splits["test"]
             else:
-                if size not in test_sets:
-                    test_sets[size] = data.test_set_at(*size)
-                test_set = test_sets[size]
+                key = (size, canonical(task.config.data))
+                if key not in test_sets:
+                    test_sets[key] = data.test_set_at(*size)
+                test_set = test_sets[key]
             loader = data.loader(test_set)
             for interpolate in (False, True):
                 value = None

@@ -4,6 +4,7 @@ seeds stored ``ok`` with a non-finite score (no trained seed), as harness/report
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import yaml
@@ -104,3 +105,52 @@ def test_a_seed_stored_ok_with_a_non_finite_score_is_no_trained_seed(tmp_path):
     assert "2 seed(s) asked for (0, 1)" in notes
     assert "Missing seeds: " in notes
     assert "pape seed 1 diverged (stored score nan)" in notes and "rope seed 1 diverged (stored score inf)" in notes
+
+
+def test_each_data_configuration_is_scored_on_its_own_test_set(monkeypatch):
+    """Test sets at other resolutions are made once per data configuration: a cell trained on
+    held-out placements was scored on the first cell's regenerated set, 4 % of whose images
+    hold placements it trained on (audit, stop 71)."""
+    import torch
+
+    from pe_bench.harness.config import load_run_config
+    from pe_bench.harness.reports import extrapolate as ex
+    from pe_bench.tasks import get_task
+    from pe_bench.tasks.image.task import ImageDataModule
+
+    configs = {
+        0: load_run_config("imagenet", "tiny"),
+        1: load_run_config("imagenet", "tiny", {"data": {"held_out_pairs": 0.25}}),
+    }
+
+    class Blind(torch.nn.Module):
+        position_scale = 1.0
+
+        def forward(self, x):
+            return torch.zeros(len(x), 8)
+
+    def load_cell(directory, data_root):
+        return get_task("imagenet")(configs[int(directory.name)], None), Blind(), "rope"
+
+    built, used = {}, []
+    make, load = ImageDataModule.test_set_at, ImageDataModule.loader
+
+    def test_set_at(self, height, width):
+        made = make(self, height, width)
+        built[id(made)] = self.data.held_out_pairs
+        return made
+
+    def loader(self, dataset, *args, **kwargs):
+        used.append((self.data.held_out_pairs, id(dataset)))
+        return load(self, dataset, *args, **kwargs)
+
+    monkeypatch.setattr(ex, "load_cell", load_cell)
+    monkeypatch.setattr(
+        ex, "evaluable_cells", lambda out, task, methods: ([ex.Cell("sincos", s, Path(str(s))) for s in (0, 1)], [])
+    )
+    monkeypatch.setattr(ex, "seed_context", lambda *args: {})
+    monkeypatch.setattr(ImageDataModule, "test_set_at", test_set_at)
+    monkeypatch.setattr(ImageDataModule, "loader", loader)
+    ex.evaluate_grid(Path("unused"), "imagenet", [(48, 48)], say=lambda line: None)
+    other = [(mine, built[dataset]) for mine, dataset in used if dataset in built]  # the 48² sets
+    assert sorted(other) == [(0.0, 0.0), (0.25, 0.25)]
