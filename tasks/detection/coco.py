@@ -99,6 +99,22 @@ def check_categories(splits: list[CocoImages], num_classes: int) -> None:
             f"coco: data.num_classes is {num_classes}, but the annotation files have other category counts "
             f"({', '.join(wrong)}): set data.num_classes to the annotation files' count"
         )
+    same_categories(splits)
+
+
+def same_categories(splits: list[CocoImages]) -> None:
+    """Every annotation file lists the same category ids: each file maps its sorted ids to
+    labels 0..C-1 itself, so with other ids one label would name two classes across splits
+    (a model trained on one category scored against another), silently."""
+    first = splits[0]
+    for split in splits[1:]:
+        if split.category_ids != first.category_ids:
+            only = sorted(set(first.category_ids) ^ set(split.category_ids))
+            raise MalformedDatasetError(
+                f"coco: the annotation files of {first.image_dir.name} and {split.image_dir.name} list other "
+                f"category ids (in one only: {only[:10]}): labels would name other classes in each; "
+                "use annotation files with one category list"
+            )
 
 
 class PhotometricRandAugment:

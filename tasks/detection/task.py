@@ -31,7 +31,7 @@ from pe_bench.tasks._shared.spiking_patches_data import SpikingPatchesDataModule
 
 from ..base import Task
 from ..image.readers import read_image
-from .coco import SPLITS, CocoDetection, CocoImages, check_categories, coco_root, collate_images
+from .coco import SPLITS, CocoDetection, CocoImages, check_categories, coco_root, collate_images, same_categories
 from .event_scenes import flashing_box_streams
 from .gen1 import SPLITS as GEN1_SPLITS
 from .gen1 import (
@@ -136,6 +136,7 @@ class CocoDataModule(SplitDataModule):
                 f"data.num_classes is {d.num_classes}, but {root}/annotations/instances_train2017.json has "
                 f"{len(train.category_ids)} categories: set data.num_classes to {len(train.category_ids)}"
             )
+        same_categories([train, test])
         train_idx, val_idx = held_out(len(train), d.val_fraction)
         self.splits = {
             "train": CocoDetection(

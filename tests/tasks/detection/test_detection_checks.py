@@ -55,3 +55,24 @@ def test_coco_check_names_a_category_count_that_is_not_num_classes(tmp_path):
     task.check_data()  # the quick check reads the layout only
     with pytest.raises(MalformedDatasetError, match=r"data.num_classes is 80.*train2017: 2, val2017: 2"):
         task.check_data(full=True)
+
+
+def test_coco_annotation_files_with_other_category_ids_are_refused(tmp_path):
+    """Each file maps its own sorted ids to labels: train {3, 7} against val {3, 9} would make
+    label 1 "dog" in training and another class at test, with the counts equal (audit, stop 71)."""
+    import json
+
+    write_coco(tmp_path / "coco")
+    path = tmp_path / "coco" / "annotations" / "instances_val2017.json"
+    payload = json.loads(path.read_text())
+    payload["categories"] = [{"id": 3, "name": "car"}, {"id": 9, "name": "cat"}]
+    payload["annotations"] = [{**a, "category_id": 9 if a["category_id"] == 7 else 3} for a in payload["annotations"]]
+    path.write_text(json.dumps(payload))
+    task = get_task("coco")(load_run_config("coco", "paper", {"data": {"num_classes": 2}}), tmp_path)
+    with pytest.raises(
+        MalformedDatasetError, match=r"train2017 and val2017 list other category ids \(in one only: \[7, 9\]\)"
+    ):
+        task.check_data(full=True)
+    data = task.datamodule(0)
+    with pytest.raises(MalformedDatasetError, match="list other category ids"):
+        data.setup("fit")
