@@ -45,7 +45,8 @@ def parameter_groups(model: nn.Module, weight_decay: float, lr: float, table_lr_
       cannot grow a table otherwise. Projections keep ``lr``: a step already moves their effect
       by lr times the positions or features they multiply (a global scale of 30 cost PaPE
       40-50 points on the tiny dvsgesture).
-    Empty groups are dropped.
+    Empty groups are dropped. The ViT's class token (a (1, 1, D) parameter of the backbone)
+    is decayed, where timm exempts it: for every encoding alike, as every record trained.
     """
     positional_ids = {id(param) for _, param in positional_parameters(model)}
     table_ids = {id(param) for param in position_table_parameters(model)}

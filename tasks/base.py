@@ -50,6 +50,9 @@ class Task(ABC):
     #: the YAML with this task's profiles; None for built-ins (``configs/tasks/<name>.yaml``).
     #: A plug-in task sets it to a file in its own package.
     config_file: ClassVar[str | Path | None] = None
+    #: whether the task's loss reads ``optim.label_smoothing`` (a cross-entropy over classes or
+    #: tokens); False (CTC, detection, segmentation losses) makes a nonzero value an error.
+    label_smoothing_applies: ClassVar[bool] = True
 
     def __init__(self, config: RunConfig, data_root: Path | None = None) -> None:
         if not isinstance(config.model, self.ModelConfig):
@@ -64,6 +67,12 @@ class Task(ABC):
         except ValidationError as err:
             where = f"{config.task}/{config.profile}: data"
             raise ConfigError(format_validation_error(where, err)) from None
+        if config.optim.label_smoothing and not self.label_smoothing_applies:
+            # stored in config.yaml, it would read as a setting the cell trained with
+            raise ConfigError(
+                f"{config.task}/{config.profile}: optim.label_smoothing is {config.optim.label_smoothing}, but "
+                f"{self.name}'s loss has no label smoothing: set it to 0"
+            )
 
     @abstractmethod
     def geometry(self) -> Geometry:

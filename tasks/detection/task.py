@@ -62,6 +62,7 @@ def held_out(count: int, fraction: float, seed: int = 0) -> tuple[np.ndarray, np
 
 
 class DetectionTask(Task):
+    label_smoothing_applies = False  # its loss has none
     metric = "map"
     metric_label = "mAP"
     score_scale = 100.0

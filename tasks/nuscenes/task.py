@@ -76,6 +76,7 @@ def _scenes(cfg_json: str, classes: tuple[str, ...], image_size: tuple[int, int]
 
 
 class NuScenes(Task):
+    label_smoothing_applies = False  # its loss has none
     name = "nuscenes"
     metric = "map"
     metric_label = "mAP"

@@ -192,6 +192,7 @@ def _modelnet_sample(path: Path, label: int, num_points: int) -> dict:
 
 
 class ScanNet(PointTask):
+    label_smoothing_applies = False  # its loss has none
     name = "scannet"
     mode = "seg"
     metric = "miou"

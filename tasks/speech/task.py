@@ -261,6 +261,7 @@ def corpus_folder(data: SpeechDataConfig, data_root: Path | None) -> Path:
 
 
 class SpeechRecognition(Task):
+    label_smoothing_applies = False  # its loss has none
     metric = "wer"
     metric_label = "WER (%)"
     higher_is_better = False

@@ -97,3 +97,13 @@ def test_negative_seeds_are_rejected_by_the_cli(seeds, capsys):
         main(["run", "--tasks", "imagenet", "--methods", "rope", f"--seeds={seeds}"])
     assert exit_.value.code == 2
     assert "--seeds expects non-negative integers" in capsys.readouterr().err
+
+
+def test_label_smoothing_on_a_loss_without_it_is_an_error(tmp_path):
+    """CTC, detection, segmentation and nuScenes losses never read optim.label_smoothing: a
+    nonzero value would be stored as a setting the cell never trained with."""
+    for task in ("wsj", "coco", "scannet", "nuscenes"):
+        with pytest.raises(ConfigError, match=f"{task}'s loss has no label smoothing: set it to 0"):
+            get_task(task)(load_run_config(task, "tiny", {"optim": {"label_smoothing": 0.1}}), tmp_path)
+    for task in ("imagenet", "modelnet40", "wmt14-en-de"):  # cross-entropies: accepted
+        get_task(task)(load_run_config(task, "tiny", {"optim": {"label_smoothing": 0.1}}), tmp_path)
