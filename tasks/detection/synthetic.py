@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pe_bench.harness.data import cache_root
+from pe_bench.harness.data import cache_root, package_version
 
 from .._shared.data_checks import share_seen
 
@@ -242,6 +242,9 @@ def tiny_coco(train: int, test: int, spec: SceneSpec, cache: Path | None = None,
     share of test objects whose placement training shows is then written to ``HELD_OUT_FILE``."""
     settings = (GENERATOR_VERSION, train, test, spec.size, spec.objects, spec.sides, spec.cell)
     settings += (held_out,) if held_out else ()  # the default keeps its cache key
+    # the backgrounds are scikit-image's photographs: scenes cached under another version are
+    # other scenes, while the cell's data fingerprint names the version running now
+    settings += (package_version("scikit-image"), PHOTOS)
     key = hashlib.sha1(repr(settings).encode()).hexdigest()[:12]
     root = (cache or cache_root()) / f"coco-tiny-{key}"
     if (root / "annotations" / "instances_val2017.json").is_file():
