@@ -12,6 +12,8 @@ README's translation table. Usage::
 from __future__ import annotations
 
 import argparse
+import json
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -20,14 +22,26 @@ import pandas as pd
 
 def read_tables(out: Path, task: str) -> pd.DataFrame:
     """Every finished cell's ``position_nll.csv`` in one frame, with its method and seed
-    directory as columns; an error naming the expected files when there is none."""
+    directory as columns; an error naming the expected files when there is none. Finished:
+    the cell's result.json says ok with a finite score (a diverged cell's test may have
+    written the file; the results folder's own reader is the application's, above tasks)."""
     frames = [
         pd.read_csv(table).assign(method=table.parent.parent.name, seed=table.parent.name)
         for table in sorted((out / "runs" / task).glob("*/seed*/position_nll.csv"))
+        if _finished(table.parent)
     ]
     if not frames:
         raise FileNotFoundError(f"no {out}/runs/{task}/*/seed*/position_nll.csv: run the task first")
     return pd.concat(frames, ignore_index=True)
+
+
+def _finished(cell: Path) -> bool:
+    try:
+        record = json.loads((cell / "result.json").read_text())
+    except (OSError, ValueError):
+        return False
+    score = record.get("score")
+    return record.get("status") == "ok" and isinstance(score, (int, float)) and math.isfinite(score)
 
 
 def read_curves(out: Path, task: str) -> dict[str, list[list[float]]]:

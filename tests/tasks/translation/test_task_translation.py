@@ -276,6 +276,10 @@ def test_tiny_cell_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, r
     assert set(data) == {"corpus", "sentencepiece", "sacrebleu"} and data["corpus"].startswith("tiny-en-de-")
 
 
+def _record(cell: Path, status: str = "ok", score: float | None = 20.0) -> None:
+    (cell / "result.json").write_text(json.dumps({"status": status, "score": score}))
+
+
 def test_figure_overlays_methods(tmp_path: Path) -> None:
     from pe_bench.tasks.translation.figure import plot, read_curves
 
@@ -284,6 +288,11 @@ def test_figure_overlays_methods(tmp_path: Path) -> None:
         cell.mkdir(parents=True)
         rows = "".join(f"{i},{level + 0.01 * i},3\n" for i in range(30))
         (cell / "position_nll.csv").write_text("position,mean_nll,count\n" + rows)
+        _record(cell)
+    diverged = tmp_path / "runs" / "wmt14-en-de" / "alibi" / "seed0"  # its test wrote the file
+    diverged.mkdir(parents=True)
+    (diverged / "position_nll.csv").write_text("position,mean_nll,count\n0,9.0,3\n")
+    _record(diverged, status="diverged", score=None)
     curves = read_curves(tmp_path, "wmt14-en-de")
     assert sorted(curves) == ["cape", "rope"] and len(curves["rope"][0]) == 30
     assert plot(tmp_path, "wmt14-en-de", train_max=10).stat().st_size > 0
@@ -298,6 +307,7 @@ def test_pooled_nll_weighs_each_position_by_the_sentences_that_reach_it(tmp_path
         cell = tmp_path / "runs" / "wmt14-en-de" / "rope" / f"seed{seed}"
         cell.mkdir(parents=True)
         (cell / "position_nll.csv").write_text("position,mean_nll,count\n" + rows)
+        _record(cell)
     pooled = pooled_nll(tmp_path, "wmt14-en-de", parse_ranges("0-0,1-"))
     assert pooled.loc["rope", "0-0"] == pytest.approx((1.0 * 4 + 3.0 * 4) / 8)
     assert pooled.loc["rope", "1-"] == pytest.approx((2.0 * 4 + 6.0 + 2.0 * 2) / 7)  # not the mean of the means
