@@ -44,6 +44,16 @@ def _frame(out, accuracy):
     return frame
 
 
+def _only_complete_cells_ranked(result: dict[str, str], shown: list[str], unranked: list[str]) -> None:
+    """Tables 5 and 7 show the marked cells as ``shown``, never bold or underline the
+    ``unranked`` values, and rank the complete cells: sincos/rope 80.0 bold, abspos 70.0 next."""
+    for name in ("table5", "table7"):
+        table = result[name]
+        assert all(text in table for text in shown), table
+        assert not any(f"{mark}{value}" in table for value in unranked for mark in ("**", "<u>")), table
+        assert "**80.0**" in table and "<u>70.0</u>" in table, table
+
+
 def test_a_seed_cut_short_marks_its_cell_section_and_is_not_ranked(tmp_path):
     """pape seed 1 stopped by trainer.max_time after 3 of 40 epochs: the matrix shows
     `90.50 ± 0.71 §` unranked, but the extrapolation tables bolded pape's 95.0 with no mark and
@@ -59,11 +69,7 @@ def test_a_seed_cut_short_marks_its_cell_section_and_is_not_ranked(tmp_path):
     assert f"50.00 ± 0.00 {tables.CUT_MARK}" in matrix  # the matrix's own rule, mirrored below
     frame = _frame(tmp_path, {"pape": 95.0, "nopos": 99.0, "rope": 80.0, "abspos": 70.0})
     result = ex.extrapolation_tables(frame)
-    for name in ("table5", "table7"):
-        table = result[name]
-        assert "| 95.0 § " in table and "| 99.0 § " in table, table
-        assert "**95.0" not in table and "<u>95.0" not in table and "**99.0" not in table, table
-        assert "**80.0**" in table and "<u>70.0</u>" in table, table
+    _only_complete_cells_ranked(result, ["| 95.0 § ", "| 99.0 § "], ["95.0", "99.0"])
     assert "| 95.0 (+0.0) § " in result["table6"] and "**80.0 (+0.0)**" in result["table6"]
     assert "<u>70.0 (+0.0)</u>" in result["table6"]
     notes = "\n".join(ex.extrapolation_notes(frame))
@@ -95,11 +101,7 @@ def test_a_seed_stored_ok_with_a_non_finite_score_is_no_trained_seed(tmp_path):
     assert ex.cells_without_checkpoint(tmp_path, "imagenet", None) == []  # not "trained, no checkpoint"
     frame = _frame(tmp_path, {"pape": 95.0, "rope": 90.0, "sincos": 80.0, "abspos": 70.0})
     result = ex.extrapolation_tables(frame)
-    for name in ("table5", "table7"):
-        table = result[name]
-        assert "| 95.0 (1/2) " in table and "| 90.0 (1/2) " in table, table
-        assert "**95.0" not in table and "**90.0" not in table and "<u>90.0" not in table, table
-        assert "**80.0**" in table and "<u>70.0</u>" in table, table
+    _only_complete_cells_ranked(result, ["| 95.0 (1/2) ", "| 90.0 (1/2) "], ["95.0", "90.0"])
     assert "| 95.0 (+0.0) (1/2) " in result["table6"] and "**80.0 (+0.0)**" in result["table6"]
     notes = "\n".join(ex.extrapolation_notes(frame))
     assert "2 seed(s) asked for (0, 1)" in notes
