@@ -27,6 +27,9 @@ from .beam import beam_search
 from .model import Seq2SeqTransformer, repeat_layout
 from .tokenizer import BOS, EOS, PAD, SubwordTokenizer
 
+#: ids that decoding never emits (fairseq masks PAD likewise; BOS only starts a target)
+NEVER_EMITTED = [PAD, BOS]
+
 
 @dataclass(frozen=True)
 class DecodingConfig:
@@ -178,7 +181,12 @@ class TranslationModule(TaskModule):
         layout_k = repeat_layout(memory_layout, beam_size)
 
         def step(tokens: Tensor) -> Tensor:
-            return model.decode(tokens, memory_k, layout_k)[:, -1].float().log_softmax(-1)
+            log_probs = model.decode(tokens, memory_k, layout_k)[:, -1].float().log_softmax(-1)
+            # As fairseq: PAD and BOS are never emitted (a PAD would read as key padding for the
+            # rest of its hypothesis, and decode drops both silently). Masked after the softmax,
+            # so every other score keeps its value.
+            log_probs[:, NEVER_EMITTED] = float("-inf")
+            return log_probs
 
         ids = beam_search(
             step, src.shape[0], beam_size, BOS, EOS, limit, self.decoding.length_penalty, device=src.device

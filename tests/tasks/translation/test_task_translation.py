@@ -152,6 +152,34 @@ def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(4, 40, (2, 9), generator=gen), torch.randint(4, 40, (2, 7), generator=gen)
 
 
+def test_decoding_never_emits_pad_or_bos() -> None:
+    """A decoder whose best next token is always PAD, then BOS: beam search takes the next
+    best instead (fairseq masks PAD so too), for greedy and beam decoding alike."""
+    from types import SimpleNamespace
+
+    from pe_bench.harness.config import OptimConfig
+    from pe_bench.tasks.translation.module import DecodingConfig, TranslationModule
+
+    model = tiny_model("nopos")
+    original = model.decode
+
+    def decode(tokens, memory, layout):
+        logits = original(tokens, memory, layout)
+        logits[..., PAD] = logits[..., BOS] = 1e4  # far above every other token
+        return logits
+
+    model.decode = decode
+    emitted = []
+    tokenizer = SimpleNamespace(decode=lambda ids: emitted.extend(ids) or ["" for _ in ids])
+    module = TranslationModule(model, tokenizer, OptimConfig(lr=1e-3, epochs=1, batch_size=2), DecodingConfig(), [], 8)
+    src, _ = batch()
+    for beam in (1, 3):
+        emitted.clear()
+        module.translate(src, beam)
+        tokens = {token for ids in emitted for token in ids}
+        assert tokens and not tokens & {PAD, BOS}, (beam, tokens)
+
+
 @pytest.mark.parametrize("method", ONE_D)
 def test_decoder_is_causal(method: str) -> None:
     model = tiny_model(method)
