@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
 
-from pe_bench.adapters import EncodingFactory, Geometry
+from pe_bench.adapters import EncodingFactory, Geometry, PositionEncoding
 from pe_bench.harness.config import ConfigError, RunConfig, Strict
 from pe_bench.harness.data import SplitDataModule, cache_root, package_version
 
@@ -197,6 +197,13 @@ class Translation(Task):
 
     def frame(self, make_encoding: EncodingFactory) -> PositionFrame:
         shared = make_encoding.name in self.data.shared_frame_methods
+        if not shared and make_encoding.cls.prepare is not PositionEncoding.prepare:
+            # the decoder would prepare the whole target at once: CAPE's mean over its positions
+            # lets later target tokens move earlier ones (an audit measured 7e-2 in the logits)
+            raise ConfigError(
+                f"{self.name}: {make_encoding.name} transforms positions per forward (prepare), which on the "
+                "decoder's whole target breaks causality; keep it in data.shared_frame_methods"
+            )
         options = make_encoding.options
         local = options.get("max_local_shift")
         return PositionFrame(

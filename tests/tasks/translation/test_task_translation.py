@@ -497,3 +497,21 @@ def test_readme_translation_table_is_the_shipped_records() -> None:
         seeds = ", ".join(f"{score:.1f}" for score in scores)
         assert bleu == f"{statistics.mean(scores):.2f} ± {statistics.stdev(scores):.2f} ({seeds})", method
         assert losses == " / ".join(f"{value:.2f}" for value in nll.loc[method]), method
+
+
+def test_cape_off_the_shared_frame_is_refused(tmp_path: Path) -> None:
+    """Without the shared frame the decoder prepares (mean-normalises) the whole target, so later
+    target tokens move earlier logits: causality would break silently."""
+    from types import SimpleNamespace
+
+    from pe_bench.harness.config import ConfigError, load_run_config
+    from pe_bench.tasks import get_task
+
+    config = load_run_config("wmt14-en-de", "tiny", {"data": {"shared_frame_methods": []}})
+    task = get_task("wmt14-en-de")(config, tmp_path)
+    task.__dict__["corpus"] = SimpleNamespace(alpha=1.0)
+    with pytest.raises(
+        ConfigError, match="cape transforms positions per forward .* keep it in data.shared_frame_methods"
+    ):
+        task.frame(EncodingFactory("cape"))
+    assert not task.frame(EncodingFactory("rope")).shared_frame  # no prepare of its own: fine
