@@ -102,7 +102,7 @@ SAMPLES = [
     ("pape:table5", "sincos", "pape", "nD-sincos", "Table 5:"),
     ("pape:table6", "pape-ri", "pape", "PaPE-RI", "Table 6:"),
     ("pape:table7", "rope", "pape", "RoPE (Su", "Table 7:"),
-    ("cape:table1", "cape (UniViT, r=384)", "cape", "UniViT, CAPE\t384", "Table 1:"),
+    ("cape:table1", "cape[max_scale=1] (UniViT, r=384)", "cape", "UniViT, CAPE\t384", "Table 1:"),
     ("cape:table3", "cape (train 224²)", "cape", "CAPE\t", "CAPE, $\\epsilon = 0$\t"),
     ("cape:table3", "abspos (ViT-Ti, train 224²)", "cape", "abspos-Ti", "Table 3:"),
     ("string:table2", None, "string", "ImageNet\t", "RoPE-M\tCirculant-S"),
@@ -195,9 +195,9 @@ def test_failed_cells_and_empty_overlap():
 
 
 def test_rows_with_settings_pick_one_and_say_so():
-    frame, notes = papers.compare([rec("wmt14-en-de", "sinpos", 0, 20.0)], "cape:table2")
-    assert frame.iloc[0]["paper"] == 27.66
-    assert any("sinpos (6L-6L)" in n for n in notes)
+    frame, notes = papers.compare([rec("wmt14-en-de", "sincos", 0, 20.0)], "cape:table2")
+    assert frame.iloc[0]["paper"] == 27.66  # MT's sinpos is Vaswani's 1-D sinusoid: sincos
+    assert any("sincos (6L-6L)" in n for n in notes)
 
 
 def test_unknown_references_are_errors():
@@ -217,3 +217,12 @@ def test_a_cell_cut_short_by_the_time_cap_is_left_out_and_named():
     frame, notes = papers.compare(records, "pape:table1")
     assert list(frame["method"]) == ["sincos", "pape"]
     assert any("stopped before its planned epochs" in n and "imagenet/rope" in n for n in notes)
+
+
+def test_cape_univit_rows_are_the_lambda_one_model():
+    """Table 1's UniViT CAPE numbers (81.26 / 82.55) are Table 3's "UniViT, CAPE, λ = 1" row,
+    not its plain "UniViT, CAPE" (81.16 / 82.28): cape[max_scale=1], not cape's default 1.4."""
+    table = papers.load_paper_table("cape:table1")
+    assert table.loc["cape[max_scale=1] (UniViT, r=224)", "top1"] == 81.26
+    assert table.loc["cape[max_scale=1] (UniViT, r=384)", "top1"] == 82.55
+    assert not any(row.startswith("cape (UniViT") for row in table.index)
