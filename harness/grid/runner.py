@@ -657,6 +657,26 @@ def _record_state(final: Path) -> tuple[int, int, int] | None:
     return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
+def refuse_another_configuration(request: GridRequest, cell: Cell, stored: store.StoredCell) -> None:
+    """A ValueError if the finished ``stored`` cell ran another configuration than ``request``
+    asks of it. ``check_consistency`` compares the cells stored when the grid starts; a cell
+    another process finishes later (a second ``pe-bench run`` on the same ``--out`` with other
+    settings, started before either stored anything) was reused unchecked until stop 71, and
+    its score reported as this run's."""
+    if stored.config is None or stored.record is None or stored.record.status != store.STATUS_OK:
+        return
+    task_name, method, _ = cell
+    config = requested_run_config(request, task_name)
+    requested = resolved_config(config, method, method.merged_options(config.methods.get(method.name)))
+    differences = stored_config_differences(stored.config, requested)
+    if differences:
+        raise ValueError(
+            f"{_cell_dir(request, cell)} was trained by {_trainer(stored.record)} with another configuration "
+            f"than this run asks ({'; '.join(differences[:3])}): its result is not this run's. Use another "
+            "--out for this setting, or delete that cell to retrain it."
+        )
+
+
 def claim_and_run(
     request: GridRequest, cell: Cell, where: str, say: Callable[[str], None], retry_failed: bool = True
 ) -> store.CellRecord | store.LockOwner:
@@ -667,6 +687,7 @@ def claim_and_run(
     final = _cell_dir(request, cell)
     stored = store.read_cell(final)
     if stored.finished:
+        refuse_another_configuration(request, cell, stored)
         say(f"{where}: finished earlier, skipped")
         return stored.record
     if not retry_failed and stored.record is not None and not stored.problem:
@@ -678,6 +699,7 @@ def claim_and_run(
     with lock:
         stored = store.read_cell(final)  # another process may have finished it meanwhile
         if stored.finished:
+            refuse_another_configuration(request, cell, stored)
             say(f"{where}: finished by {_trainer(stored.record)}, skipped")
             return stored.record
         if stored.problem:
@@ -736,6 +758,7 @@ def run_grid(request: GridRequest, say: Callable[[str], None] = print) -> list[s
         for index, before in list(elsewhere.items()):
             final = _cell_dir(request, cells[index - 1])
             if _record_state(final) != before and (record := store.read_record(final)) is not None:
+                refuse_another_configuration(request, cells[index - 1], store.read_cell(final))
                 say(f"{label[index]}: done by {_trainer(record)}: {_outcome(record)}")
             else:  # still running, or its owner stopped without a result: then it is ours now
                 record = claim_and_run(request, cells[index - 1], label[index], say)

@@ -173,3 +173,49 @@ def test_ctrl_c_keeps_nothing_of_the_interrupted_cell_and_exits_130(tmp_path):
     assert process.returncode == 130, (out, err)
     assert "interrupted: finished cells are kept" in err and "Traceback" not in err
     assert sorted(p.name for p in folder.iterdir()) == []  # no staging folder, no lock, no cell
+
+
+def _finished_elsewhere(cell, request, epochs: int) -> None:
+    """What another ``pe-bench run`` with ``optim.epochs=epochs`` leaves in ``cell``."""
+    import yaml
+
+    from pe_bench.harness.grid.runner import requested_run_config, resolved_config
+
+    config = requested_run_config(request, "imagenet")
+    config = config.model_copy(update={"optim": config.optim.model_copy(update={"epochs": epochs})})
+    staging = store.staging_dir(cell)
+    (staging / store.CONFIG).write_text(yaml.safe_dump(resolved_config(config, parse_methods("nopos")[0], {})))
+    store.write_record(staging, store.CellRecord("imagenet", "nopos", 0, "tiny", store.STATUS_OK, score=33.0,
+                                                 trained_by={"pid": 1, "host": "elsewhere"}))  # fmt: skip
+    store.promote(staging, cell)
+
+
+def test_a_cell_another_run_finished_with_other_settings_is_not_reported_as_this_runs(tmp_path):
+    """Two runs with other settings start on one folder before either stored the cell: the
+    grid-start check sees nothing, and the cell the other finishes was taken as this run's
+    (audit, stop 71). Now it stops with the difference, whether the cell was finished before
+    this run reached it or while it waited for the other's lock."""
+    overrides = parse_overrides([item for item in SMALL if item != "--set"])  # optim.epochs=1
+    request = GridRequest(["imagenet"], parse_methods("nopos"), out=tmp_path, overrides=overrides, poll_seconds=0.2)
+    cell = store.cell_dir(tmp_path, "imagenet", "nopos", 0)
+    from pe_bench.harness.grid.runner import claim_and_run
+
+    _finished_elsewhere(cell, request, epochs=2)
+    with pytest.raises(
+        ValueError, match=r"trained by pid 1 on host elsewhere with another configuration .*optim\.epochs: 2"
+    ):
+        claim_and_run(request, ("imagenet", parse_methods("nopos")[0], 0), "cell", print)
+
+    store.shutil.rmtree(cell)
+    write_lock(cell, pid=os.getpid())  # a live owner: this run waits for it
+    messages = []
+
+    def say(message):
+        messages.append(message)
+        if "running in another process" in message:  # the other run finishes now, then lets go
+            _finished_elsewhere(cell, request, epochs=2)
+            cell.with_name(".seed0.lock").unlink()
+
+    with pytest.raises(ValueError, match=r"with another configuration .*optim\.epochs: 2 stored, 1 requested"):
+        run_grid(request, say=say)
+    assert not any("done by" in m for m in messages)
