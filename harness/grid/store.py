@@ -47,6 +47,21 @@ STATUSES = (STATUS_OK, STATUS_FAILED, STATUS_DIVERGED, STATUS_NA)
 HOST = socket.gethostname()
 
 
+def _process_space() -> str:
+    """Which processes a pid names here: the boot and the pid namespace. Containers on one host
+    network (Docker --network host, Kubernetes hostNetwork) share the hostname, not the pids:
+    a lock's pid is checked against the running processes only within one space ("" elsewhere
+    than Linux)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
+
+
+PROCESS_SPACE = _process_space()
+
+
 @dataclass
 class CellRecord:
     """One cell's outcome. Reading ignores keys this version does not know and fills keys an
@@ -233,12 +248,21 @@ def write_record(directory: Path, record: CellRecord) -> None:
 # --- training a cell: staging and promotion (only by the holder of the cell's lock) ----------
 
 
+def _unique() -> str:
+    """A name part no other attempt shares: pids repeat across containers and hosts, and a
+    process whose lock was broken as stale may still be writing into its folder."""
+    return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 def staging_dir(final: Path) -> Path:
     """A fresh hidden sibling of ``final`` to train in. Call it only while holding the cell's
-    ``CellLock``: then every older staging folder is a dead process's leftover."""
-    for stale in final.parent.glob(f".{final.name}.partial-*"):
+    ``CellLock``: then every older staging folder, and any cell a promotion left aside, is a
+    dead process's leftover. Its name is this attempt's alone, so an owner whose lock was
+    broken writes into its own folder, never into this one (until stop 71 both were named by
+    pid, and two containers' pid 1 shared one: a record of one run beside the other's files)."""
+    for stale in [*final.parent.glob(f".{final.name}.partial-*"), *final.parent.glob(f".{final.name}.replaced-*")]:
         shutil.rmtree(stale, ignore_errors=True)
-    staging = final.with_name(f".{final.name}.partial-{os.getpid()}")
+    staging = final.with_name(f".{final.name}.partial-{_unique()}")
     staging.mkdir(parents=True)
     return staging
 
@@ -247,7 +271,7 @@ def promote(staging: Path, final: Path) -> None:
     """Replace ``final`` with the finished ``staging`` directory (two renames: a reader sees the
     old cell or the new one, or for an instant none; never a mix)."""
     if final.exists():
-        old = final.with_name(f".{final.name}.replaced-{os.getpid()}")
+        old = final.with_name(f".{final.name}.replaced-{_unique()}")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
         os.replace(staging, final)
@@ -296,6 +320,7 @@ class LockOwner:
     started: str = "?"
     token: str = ""
     process_start: str | None = None
+    pid_space: str = ""  # PROCESS_SPACE of the owner ("" in lock files of pe-bench before stop 71)
 
     def describe(self) -> str:
         if self.token.startswith(_UNREADABLE):
@@ -309,7 +334,8 @@ _UNREADABLE = "unreadable:"
 def _parse_owner(text: str) -> LockOwner:
     try:
         payload = json.loads(text)
-        return LockOwner(**{k: payload[k] for k in ("pid", "host", "started", "token", "process_start")})
+        fields = {k: payload[k] for k in ("pid", "host", "started", "token", "process_start")}
+        return LockOwner(**fields, pid_space=payload.get("pid_space", ""))
     except (ValueError, KeyError, TypeError):  # empty while its creator writes it, or damaged
         return LockOwner(token=f"{_UNREADABLE}{text}")
 
@@ -324,7 +350,7 @@ class CellLock:
     The lock is the file ``.seed<N>.lock`` next to the cell, created atomically (O_CREAT|O_EXCL)
     with its owner's pid, host and start time. While held, a daemon thread touches it every
     ``heartbeat`` seconds. A lock is stale, and is broken with a message, when its owner is
-    on this host and no longer runs, or on another host and has not touched it for
+    on this host (and in this pid namespace) and no longer runs, or elsewhere and has not touched it for
     ``stale_after`` seconds (default 10 minutes: keep it well above ``heartbeat``; the hosts'
     clocks must roughly agree). Only the holder may remove the cell's staging leftovers.
 
@@ -411,6 +437,7 @@ class CellLock:
             started=datetime.now().isoformat(timespec="seconds"),
             token=token,
             process_start=stat[1] if stat else None,
+            pid_space=PROCESS_SPACE,
         )
         with os.fdopen(fd, "w") as handle:
             handle.write(json.dumps(asdict(owner)))
@@ -436,7 +463,7 @@ class CellLock:
     def _stale_reason(self, owner: LockOwner, age: float) -> str | None:
         if owner.token.startswith(_UNREADABLE):
             return f"unreadable and untouched for {age:.0f} s" if age > self.stale_after else None
-        if owner.host == HOST:
+        if owner.host == HOST and owner.pid_space in ("", PROCESS_SPACE):
             return None if process_alive(owner.pid, owner.process_start) else f"process {owner.pid} is gone"
         return f"no heartbeat for {age / 60:.0f} min" if age > self.stale_after else None
 

@@ -219,3 +219,37 @@ def test_a_cell_another_run_finished_with_other_settings_is_not_reported_as_this
     with pytest.raises(ValueError, match=r"with another configuration .*optim\.epochs: 2 stored, 1 requested"):
         run_grid(request, say=say)
     assert not any("done by" in m for m in messages)
+
+
+def test_a_lock_of_another_pid_namespace_on_this_host_is_judged_by_its_heartbeat(tmp_path):
+    """Containers on one host network share the hostname, not the pids: such a lock's pid 1 is
+    not this namespace's pid 1 (audit, stop 71: broken while its owner ran). It is stale only
+    when its heartbeat stops; a lock file of this namespace, or of pe-bench before stop 71
+    (no pid_space), is still judged by its pid."""
+    cell = store.cell_dir(tmp_path, "imagenet", "nopos", 0)
+    write_lock(cell, pid=2**22 + 7, pid_space="another-boot/pid:[4026530000]")  # no such pid here
+    lock = store.CellLock(cell, stale_after=60)
+    assert not lock.acquire() and lock.owner.pid == 2**22 + 7  # fresh heartbeat: alive
+    old = time.time() - 120
+    os.utime(lock.path, (old, old))
+    assert lock.acquire()  # its heartbeat stopped: stale
+    lock.release()
+    for space in (store.PROCESS_SPACE, None):
+        fields = {"pid_space": space} if space is not None else {}
+        write_lock(cell, pid=2**22 + 7, **fields)
+        lock = store.CellLock(cell, stale_after=60)
+        assert lock.acquire()  # this namespace's pid is gone: stale at once
+        lock.release()
+
+
+def test_every_staging_attempt_has_a_folder_of_its_own_and_leftovers_go(tmp_path):
+    """Two attempts of one pid (two containers' pid 1) once shared `.seed0.partial-1`; a cell a
+    crashed promotion left aside as `.seed0.replaced-*` was never removed."""
+    cell = store.cell_dir(tmp_path, "imagenet", "nopos", 0)
+    first = store.staging_dir(cell)
+    (first / "metrics.csv").write_text("theirs")
+    aside = cell.with_name(".seed0.replaced-1-deadbeef")
+    aside.mkdir()
+    second = store.staging_dir(cell)
+    assert second != first and second.name.startswith(f".seed0.partial-{os.getpid()}-")
+    assert not first.exists() and not aside.exists() and not list(second.iterdir())
