@@ -419,7 +419,14 @@ def run_cell(
     except BaseException:  # Ctrl-C or a lost lock: nothing of this attempt is kept
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    store.promote(staging, final)
+    try:
+        store.promote(staging, final)
+    except FileNotFoundError as err:
+        if staging.exists():
+            raise
+        # the lock was broken just after the check above, and its new owner removed our folder
+        message = f"the lock of {final} was broken while this process trained it; result discarded"
+        raise store.CellBusyError(message) from err
     return record
 
 

@@ -253,3 +253,24 @@ def test_every_staging_attempt_has_a_folder_of_its_own_and_leftovers_go(tmp_path
     second = store.staging_dir(cell)
     assert second != first and second.name.startswith(f".seed0.partial-{os.getpid()}-")
     assert not first.exists() and not aside.exists() and not list(second.iterdir())
+
+
+def test_a_lock_broken_between_the_check_and_the_promotion_discards_the_result(tmp_path, monkeypatch):
+    """The new owner's staging_dir removes this attempt's folder right after its lost-check:
+    the promotion found nothing and the grid stopped with a FileNotFoundError traceback."""
+    from pe_bench.harness.grid import runner
+
+    cell = store.cell_dir(tmp_path, "imagenet", "nopos", 0)
+    record = store.CellRecord("imagenet", "nopos", 0, "tiny", store.STATUS_OK, score=1.0)
+
+    def train_then_lose(staging, *args, **kwargs):
+        store.write_record(staging, record)
+        store.staging_dir(cell)  # another owner starts its attempt now: ours is removed
+        return record
+
+    monkeypatch.setattr(runner, "_train_into", train_then_lose)
+    overrides = parse_overrides([item for item in SMALL if item != "--set"])
+    request = GridRequest(["imagenet"], parse_methods("nopos"), out=tmp_path, overrides=overrides)
+    with pytest.raises(store.CellBusyError, match="was broken while this process trained it; result discarded"):
+        runner.run_cell(request, "imagenet", parse_methods("nopos")[0], 0, None)
+    assert not (cell / store.RECORD).exists()
