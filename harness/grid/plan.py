@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pe_bench.tasks import get_task
 
 from . import store
-from .runner import GridRequest, requested_run_config, resolved_config, stored_config_differences
+from .runner import GridRequest, requested_cell_config, requested_run_config, stored_config_differences
 
 TRAIN, REUSE, RETRY, NOT_APPLICABLE, CONFLICT = "train", "reuse", "retry", "n/a", "conflict"
 
@@ -35,8 +35,7 @@ def plan_grid(request: GridRequest) -> list[PlannedCell]:
         config = requested_run_config(request, task_name)
         task = get_task(task_name)(config, request.data_root)
         for method in request.methods:
-            options = method.merged_options(config.methods.get(method.name))
-            requested = resolved_config(config, method, options)
+            requested = requested_cell_config(config, method)
             not_applicable = method.encoding(config.methods.get(method.name)).unsupported_reason(task.geometry())
             for seed in request.seeds:
                 cell = store.cell_dir(request.out, task_name, method.label, seed)

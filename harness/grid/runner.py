@@ -502,6 +502,13 @@ def resolved_config(config: RunConfig, method: MethodSpec, options: dict) -> dic
     }
 
 
+def requested_cell_config(config: RunConfig, method: MethodSpec) -> dict[str, Any]:
+    """What a cell of ``method`` under ``config`` would store as its config.yaml (without
+    ``effective``): the method's options merged over the task profile's, as resolved_config
+    writes them. The one form every reuse check compares a stored cell with."""
+    return resolved_config(config, method, method.merged_options(config.methods.get(method.name)))
+
+
 def cell_setup(stored: dict[str, Any]) -> tuple[RunConfig, EncodingFactory]:
     """The inverse of ``resolved_config``: a stored config.yaml's run configuration and the
     encoding with the cell's own options (``effective`` is a record of how the trainer's
@@ -604,8 +611,7 @@ def check_consistency(request: GridRequest) -> None:
     for task_name in request.tasks:
         config = requested_run_config(request, task_name)
         for method in request.methods:
-            options = method.merged_options(config.methods.get(method.name))
-            requested = resolved_config(config, method, options)
+            requested = requested_cell_config(config, method)
             to_train = []
             for seed in request.seeds:
                 cell = store.cell_dir(request.out, task_name, method.label, seed)
@@ -673,8 +679,7 @@ def refuse_another_configuration(request: GridRequest, cell: Cell, stored: store
     if stored.config is None or stored.record is None or stored.record.status != store.STATUS_OK:
         return
     task_name, method, _ = cell
-    config = requested_run_config(request, task_name)
-    requested = resolved_config(config, method, method.merged_options(config.methods.get(method.name)))
+    requested = requested_cell_config(requested_run_config(request, task_name), method)
     differences = stored_config_differences(stored.config, requested)
     if differences:
         raise ValueError(
@@ -764,8 +769,9 @@ def run_grid(request: GridRequest, say: Callable[[str], None] = print) -> list[s
         time.sleep(request.poll_seconds)
         for index, before in list(elsewhere.items()):
             final = _cell_dir(request, cells[index - 1])
-            if _record_state(final) != before and (record := store.read_record(final)) is not None:
-                refuse_another_configuration(request, cells[index - 1], store.read_cell(final))
+            if _record_state(final) != before and (stored := store.read_cell(final)).record is not None:
+                refuse_another_configuration(request, cells[index - 1], stored)
+                record = stored.record
                 say(f"{label[index]}: done by {_trainer(record)}: {_outcome(record)}")
             else:  # still running, or its owner stopped without a result: then it is ours now
                 record = claim_and_run(request, cells[index - 1], label[index], say)
