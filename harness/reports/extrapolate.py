@@ -292,7 +292,7 @@ def _cut_short(frame: pd.DataFrame) -> dict[str, dict[int, str]]:
 
 def _marks(method: str, frame: pd.DataFrame) -> str:
     """`` †`` (another configuration) and `` §`` (a seed cut short), in the matrix's order."""
-    return (" †" if method in _outliers(frame) else "") + (f" {tables.CUT_MARK}" if method in _cut_short(frame) else "")
+    return tables.seed_marks(method not in _outliers(frame), method in _cut_short(frame))
 
 
 def _suffixes(table: pd.DataFrame, held: pd.DataFrame, frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

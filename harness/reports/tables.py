@@ -529,6 +529,12 @@ def _emphasis(
     return marks
 
 
+def seed_marks(config_ok: bool, cut_short: bool) -> str:
+    """The marks a cell's seeds earn, in the matrix's order: `` †`` (a seed of another
+    configuration) and `` §`` (a seed cut short). Every table that shows matrix cells uses it."""
+    return ("" if config_ok else " †") + (f" {CUT_MARK}" if cut_short else "")
+
+
 def _value_text(row: pd.Series, ci: float | None) -> str:
     """The plain text of one cell (Unicode ± and †; the format adds emphasis and escaping)."""
     if row["status"] == store.STATUS_NA:
@@ -544,10 +550,7 @@ def _value_text(row: pd.Series, ci: float | None) -> str:
         text += f" ± {row['std']:.2f}"
     if row["n"] < asked:
         text += f" ({int(row['n'])}/{asked})"
-    if not row["config_ok"]:
-        text += " †"
-    if row["cut_short"]:
-        text += f" {CUT_MARK}"
+    text += seed_marks(row["config_ok"], row["cut_short"])
     if row["wide_spread"]:
         text += " ‡"
     return text
@@ -877,9 +880,10 @@ def _as_the_matrix_shows(frame: pd.DataFrame, results: StoredResults) -> pd.Data
     for task, method, held in zip(frame["task"], frame["method"], frame["seeds"], strict=True):
         cell, held = cells.loc[(task, method)], int(held)
         text = str(held) if held >= cell["asked"] else f"{held}/{int(cell['asked'])}"
-        texts.append(text + ("" if cell["config_ok"] else " †") + (f" {CUT_MARK}" if cell["cut_short"] else ""))
-        if held < cell["n"]:
-            fewer[(task, method)] = (min(held, fewer.get((task, method), (held,))[0]), int(cell["n"]))
+        texts.append(text + seed_marks(cell["config_ok"], cell["cut_short"]))
+        if held < cell["n"]:  # one row per evaluation set: the fewest seeds any of them holds
+            fewest = min(held, fewer[(task, method)][0]) if (task, method) in fewer else held
+            fewer[(task, method)] = (fewest, int(cell["n"]))
     shown = frame.copy()
     shown["seeds"] = texts
     rows = set(zip(frame["task"], frame["method"], strict=True))
